@@ -1,0 +1,33 @@
+# simbatch — every target installs what it needs first, so each works on a fresh machine with python3.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install run test validate bench notebooks lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+run: install
+	$(BIN)/simbatch run scenarios/oversubscribed.yaml
+
+lint: install
+	$(BIN)/ruff check simbatch tests benchmarks
+
+test: install lint
+	$(BIN)/python -m pytest
+
+validate: install
+	SIMBATCH_VALIDATION=full $(BIN)/python -m pytest tests/validation -m validation
+
+bench: install
+	$(BIN)/python -m benchmarks.run
+
+clean:
+	rm -rf $(VENV) results .pytest_cache .ruff_cache

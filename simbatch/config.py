@@ -1,0 +1,312 @@
+"""The scenario: one pydantic model that every YAML file maps onto 1:1.
+
+Every knob of the simulator lives here, with its unit in its name and its default in one place.
+Models forbid unknown keys, so a typo in a scenario is an error, never a silent default.
+``docs/scenarios.md`` is generated from these models.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+
+PosInt = Annotated[int, Field(gt=0, strict=True)]
+NonNegInt = Annotated[int, Field(ge=0, strict=True)]
+PosFloat = Annotated[float, Field(gt=0)]
+NonNegFloat = Annotated[float, Field(ge=0)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# --------------------------------------------------------------------------- lengths
+class Fixed(_Model):
+    """Every request has the same length."""
+
+    dist: Literal["fixed"] = "fixed"
+    value: PosInt = Field(description="The length, in tokens.")
+
+
+class Uniform(_Model):
+    """Integer lengths uniform on [low, high], both ends included."""
+
+    dist: Literal["uniform"]
+    low: PosInt = Field(description="Smallest length, tokens.")
+    high: PosInt = Field(description="Largest length, tokens.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Uniform:
+        if self.high < self.low:
+            raise ValueError(f"high ({self.high}) must be >= low ({self.low})")
+        return self
+
+
+class Choice(_Model):
+    """A weighted choice among listed lengths."""
+
+    dist: Literal["choice"]
+    values: list[PosInt] = Field(min_length=1, description="The possible lengths, tokens.")
+    weights: list[PosFloat] | None = Field(
+        default=None, description="Relative weights, one per value; equal when omitted."
+    )
+
+    @model_validator(mode="after")
+    def _same_length(self) -> Choice:
+        if self.weights is not None and len(self.weights) != len(self.values):
+            raise ValueError(f"weights has {len(self.weights)} entries but values has {len(self.values)}")
+        return self
+
+
+class Exponential(_Model):
+    """Geometric-like heavy tail: ceil of an exponential draw with this mean, optionally capped."""
+
+    dist: Literal["exponential"]
+    mean: PosFloat = Field(description="Mean of the underlying exponential, tokens.")
+    max: PosInt | None = Field(default=None, description="Cap, tokens (lengths above it are clipped).")
+
+
+class LogNormal(_Model):
+    """Lognormal lengths with the given mean; sigma is the std of log-length."""
+
+    dist: Literal["lognormal"]
+    mean: PosFloat = Field(description="Mean length, tokens (before rounding and capping).")
+    sigma: PosFloat = Field(description="Standard deviation of log(length).")
+    max: PosInt | None = Field(default=None, description="Cap, tokens.")
+
+
+class Zipf(_Model):
+    """Bounded Zipf: P(k) proportional to k**-a on min..max."""
+
+    dist: Literal["zipf"]
+    a: PosFloat = Field(description="Exponent.")
+    min: PosInt = Field(default=1, description="Smallest length, tokens.")
+    max: PosInt = Field(description="Largest length, tokens.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Zipf:
+        if self.max < self.min:
+            raise ValueError(f"max ({self.max}) must be >= min ({self.min})")
+        return self
+
+
+class Empirical(_Model):
+    """Resample (with replacement) a column of a CSV file; the path is relative to the scenario file."""
+
+    dist: Literal["empirical"]
+    path: Path = Field(description="CSV file.")
+    column: str = Field(description="Column holding positive integer lengths.")
+
+
+LengthDist = Annotated[
+    Fixed | Uniform | Choice | Exponential | LogNormal | Zipf | Empirical,
+    Field(discriminator="dist"),
+]
+
+
+# --------------------------------------------------------------------------- workload
+class Arrival(_Model):
+    """When requests arrive."""
+
+    process: Literal["poisson", "gamma", "constant"] = Field(
+        default="poisson",
+        description="poisson: exponential gaps; gamma: gamma gaps with shape `burstiness` "
+        "(CV = 1/sqrt(burstiness), as in `vllm bench serve`); constant: equal gaps.",
+    )
+    rate: float = Field(default=1.0, gt=0, description="Mean arrival rate, requests/s; `inf` sends all at t=0.")
+    burstiness: PosFloat = Field(
+        default=1.0, description="Gamma shape; 1 is Poisson, <1 burstier, >1 smoother (gamma only)."
+    )
+
+
+class RequestClass(_Model):
+    """One class of traffic in a mixture: a tenant with its priority and, optionally, its own lengths."""
+
+    name: str = Field(description="Tenant name (used by the `fair` policy and in the requests frame).")
+    share: PosFloat = Field(default=1.0, description="Relative share of arrivals.")
+    priority: int = Field(default=0, description="Lower is served first under the `priority` policy.")
+    prompt_tokens: LengthDist | None = Field(default=None, description="Overrides workload.prompt_tokens.")
+    output_tokens: LengthDist | None = Field(default=None, description="Overrides workload.output_tokens.")
+
+
+class Trace(_Model):
+    """Replay a CSV trace: one row per request with an arrival timestamp and token counts."""
+
+    path: Path = Field(description="CSV file; relative paths are resolved against the scenario file.")
+    time_scale: PosFloat = Field(
+        default=1.0, description="Multiplies every inter-arrival gap (2.0 halves the rate)."
+    )
+    timestamp_column: str = Field(
+        default="TIMESTAMP", description="Arrival time: seconds, or date-times (offsets from the first row)."
+    )
+    prompt_column: str = Field(default="ContextTokens", description="Prompt length column, tokens.")
+    output_column: str = Field(default="GeneratedTokens", description="Output length column, tokens.")
+
+
+class Workload(_Model):
+    """The traffic: arrivals and lengths, or a trace. Drawn from seeded streams independent of the mode."""
+
+    num_requests: PosInt | None = Field(default=1000, description="Stop after this many arrivals.")
+    duration_s: PosFloat | None = Field(default=None, description="Stop arrivals after this much time, s.")
+    arrival: Arrival = Field(default_factory=Arrival)
+    prompt_tokens: LengthDist = Field(default_factory=lambda: Fixed(value=128))
+    output_tokens: LengthDist = Field(default_factory=lambda: Fixed(value=128))
+    classes: list[RequestClass] | None = Field(
+        default=None, description="A mixture of tenants/priorities; one anonymous class when omitted."
+    )
+    trace: Trace | None = Field(default=None, description="Replay a trace instead of synthetic traffic.")
+
+    @model_validator(mode="after")
+    def _bounded(self) -> Workload:
+        if self.trace is None and self.num_requests is None and self.duration_s is None:
+            raise ValueError("set num_requests or duration_s, or the workload never ends")
+        if self.trace is None and math.isinf(self.arrival.rate) and self.num_requests is None:
+            raise ValueError("rate: inf sends everything at t=0, so num_requests must be set")
+        return self
+
+
+# --------------------------------------------------------------------------- device, memory
+class Device(_Model):
+    """The cost model: one engine step takes tau0 + beta * decoding_seqs + gamma * prefill_tokens."""
+
+    tau0_ms: NonNegFloat = Field(default=20.0, description="Fixed cost of a step (streaming the weights), ms.")
+    beta_ms: NonNegFloat = Field(default=0.2, description="Marginal cost per decoding sequence, ms.")
+    prefill_ms_per_token: NonNegFloat = Field(default=0.0, description="Cost per prefill token, ms.")
+
+    @model_validator(mode="after")
+    def _positive_step(self) -> Device:
+        if self.tau0_ms == 0 and self.beta_ms == 0:
+            raise ValueError("tau0_ms and beta_ms are both 0: a step would take no time")
+        return self
+
+
+class KVCache(_Model):
+    """Paged KV cache: fixed-size blocks, allocated as sequences grow."""
+
+    block_size: PosInt = Field(default=16, description="Tokens per block.")
+    num_blocks: PosInt = Field(default=8192, description="Blocks on the device.")
+    swap_blocks: NonNegInt = Field(default=0, description="Blocks in the host swap pool (swap preemption).")
+    swap_ms_per_block: NonNegFloat = Field(default=0.0, description="Transfer time per block, each way, ms.")
+
+
+# --------------------------------------------------------------------------- batching
+class Batching(_Model):
+    """How the engine forms batches. `max_num_seqs` is the slot count in every mode."""
+
+    mode: Literal["static", "dynamic", "continuous"] = Field(
+        default="continuous",
+        description="static: request-level, waits for a full batch; dynamic: request-level, "
+        "dispatches on a full batch or a queue delay; continuous: iteration-level scheduling.",
+    )
+    max_num_seqs: PosInt = Field(default=64, description="Running slots (batch size for static/dynamic).")
+    max_num_batched_tokens: PosInt = Field(
+        default=2048, description="Token budget of one step (continuous)."
+    )
+    enable_chunked_prefill: bool = Field(default=True, description="Split prompts across steps (continuous).")
+    long_prefill_token_threshold: PosInt | None = Field(
+        default=None, description="Cap on one request's prefill chunk per step, tokens (continuous)."
+    )
+    pad_prompts: bool = Field(
+        default=True, description="Pad prompts to the longest in the batch (static/dynamic)."
+    )
+    max_wait_ms: NonNegFloat | None = Field(
+        default=None,
+        description="static: start a partial batch once the oldest request has waited this long; "
+        "null waits for a full batch (flushing when arrivals end).",
+    )
+    max_queue_delay_ms: NonNegFloat = Field(
+        default=10.0, description="dynamic: dispatch once the oldest request has waited this long, ms."
+    )
+
+    @model_validator(mode="after")
+    def _budget(self) -> Batching:
+        if self.mode == "continuous" and self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than max_num_seqs "
+                f"({self.max_num_seqs}): running decodes could not all be served; raise the budget"
+            )
+        return self
+
+
+class Scheduler(_Model):
+    """Queue order, preemption and admission control."""
+
+    policy: Literal["fcfs", "priority", "sjf", "fair"] = Field(
+        default="fcfs",
+        description="fcfs; priority (lower first); sjf (shortest job first); fair (weighted tenant share).",
+    )
+    sjf_key: Literal["prompt", "output"] = Field(
+        default="prompt",
+        description="sjf orders by prompt length, or by true output length (an oracle: an upper bound).",
+    )
+    aging_s: PosFloat | None = Field(
+        default=None, description="priority: a waiting request gains one priority level per aging_s."
+    )
+    tenant_weights: dict[str, PosFloat] = Field(
+        default_factory=dict, description="fair: weight per tenant (1 when not listed)."
+    )
+    preemption: Literal["recompute", "swap"] = Field(
+        default="recompute", description="What happens to a preempted request's KV blocks."
+    )
+    max_preemptions: PosInt | None = Field(
+        default=None, description="A request preempted this many times is not chosen as a victim again."
+    )
+    max_waiting: NonNegInt | None = Field(
+        default=None, description="Waiting-queue cap per replica; arrivals beyond it are rejected (429)."
+    )
+
+
+class Cluster(_Model):
+    """Replicas behind a router."""
+
+    replicas: PosInt = Field(default=1, description="Number of identical engines.")
+    router: Literal["round_robin", "random"] = Field(default="round_robin", description="Routing policy.")
+
+
+class SLO(_Model):
+    """Service-level objectives, for goodput (a request counts when it meets every one that is set)."""
+
+    ttft_ms: PosFloat | None = None
+    tpot_ms: PosFloat | None = None
+    e2el_ms: PosFloat | None = None
+
+
+class Sim(_Model):
+    """Simulation controls."""
+
+    max_time_s: PosFloat | None = Field(
+        default=None, description="Stop the clock here; requests still in the system are `unfinished`."
+    )
+    fast_forward: bool = Field(
+        default=True,
+        description="Advance over runs of identical steps in one go (same results as stepping; "
+        "false steps one iteration at a time, the reference).",
+    )
+
+
+class Scenario(_Model):
+    """A complete, self-contained simulation: traffic, device, memory, batching, policy."""
+
+    name: str = Field(default="scenario", description="Used to name result folders.")
+    description: str = Field(default="", description="Free text.")
+    seed: NonNegInt = Field(default=0, description="Root seed of every random stream.")
+    workload: Workload = Field(default_factory=Workload)
+    device: Device = Field(default_factory=Device)
+    kv_cache: KVCache = Field(default_factory=KVCache)
+    batching: Batching = Field(default_factory=Batching)
+    scheduler: Scheduler = Field(default_factory=Scheduler)
+    cluster: Cluster = Field(default_factory=Cluster)
+    slo: SLO = Field(default_factory=SLO)
+    sim: Sim = Field(default_factory=Sim)
+
+    # Where relative paths (traces, empirical lengths) are resolved; set by the loader, not the YAML.
+    _base_dir: Path | None = PrivateAttr(default=None)
+
+    def resolve(self, path: Path) -> Path:
+        """A data path as the scenario means it: relative to the scenario file's folder."""
+        if path.is_absolute() or self._base_dir is None:
+            return path
+        return self._base_dir / path

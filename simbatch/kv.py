@@ -1,0 +1,89 @@
+"""The paged KV cache: fixed-size blocks on the device and, for swap preemption, on the host.
+
+Blocks are interchangeable (paging leaves no fragmentation), so the pool only counts them; each
+request records how many it holds. Allocation answers True/False and never raises: running out of
+memory is a scheduling decision (preempt, or wait), not an error.
+
+Invariant, checked by the tests at every step:
+``device.num_free + sum(held by requests) == num_blocks`` and likewise for the swap pool.
+"""
+
+from __future__ import annotations
+
+from simbatch.config import KVCache
+from simbatch.cost import blocks_for
+from simbatch.request import Request
+
+
+class BlockPool:
+    """A counter of free blocks out of ``num_blocks``."""
+
+    __slots__ = ("num_blocks", "num_free")
+
+    def __init__(self, num_blocks: int):
+        self.num_blocks = num_blocks
+        self.num_free = num_blocks
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - self.num_free
+
+    def allocate(self, n: int) -> bool:
+        if n > self.num_free:
+            return False
+        self.num_free -= n
+        return True
+
+    def free(self, n: int) -> None:
+        self.num_free += n
+        assert self.num_free <= self.num_blocks, "freed more blocks than were allocated"
+
+
+class KVCacheManager:
+    """Device and host pools plus the per-request bookkeeping of who holds what."""
+
+    __slots__ = ("block_size", "device", "host")
+
+    def __init__(self, cfg: KVCache):
+        self.block_size = cfg.block_size
+        self.device = BlockPool(cfg.num_blocks)
+        self.host = BlockPool(cfg.swap_blocks)
+
+    def blocks_for(self, tokens: int) -> int:
+        return blocks_for(tokens, self.block_size)
+
+    def extra_blocks(self, req: Request, tokens: int) -> int:
+        """Blocks ``req`` must add to hold ``tokens`` tokens (0 when it already can)."""
+        return max(blocks_for(tokens, self.block_size) - req.blocks, 0)
+
+    def grow(self, req: Request, tokens: int) -> bool:
+        """Make ``req`` hold ``tokens`` tokens on the device; False (and no change) if blocks are short."""
+        need = blocks_for(tokens, self.block_size) - req.blocks
+        if need <= 0:
+            return True
+        if not self.device.allocate(need):
+            return False
+        req.blocks += need
+        return True
+
+    def release(self, req: Request) -> int:
+        """Free every device block ``req`` holds; returns how many."""
+        n, req.blocks = req.blocks, 0
+        self.device.free(n)
+        return n
+
+    def swap_out(self, req: Request) -> bool:
+        """Move ``req``'s device blocks to the host; False (and no change) if the host pool is short."""
+        if not self.host.allocate(req.blocks):
+            return False
+        self.device.free(req.blocks)
+        req.swapped_blocks, req.blocks = req.blocks, 0
+        return True
+
+    def swap_in(self, req: Request) -> bool:
+        """Move ``req``'s host blocks back to the device; False (and no change) if the device is short."""
+        if not self.device.allocate(req.swapped_blocks):
+            return False
+        self.host.free(req.swapped_blocks)
+        req.blocks, req.swapped_blocks = req.swapped_blocks, 0
+        return True

@@ -1,0 +1,1 @@
+"""Recorders, frames and the summary (definitions in :mod:`simbatch.metrics.summary`)."""

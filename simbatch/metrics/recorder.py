@@ -1,0 +1,126 @@
+"""Recorders fed by the engine as the simulation runs.
+
+- **Time-weighted state.** The number in system N(t) and in queue Nq(t) are integrated from the
+  simulator's own state changes (arrival, admission, preemption, completion), never rebuilt from the
+  request rows. L = (1/T) integral of N(t) dt can then be checked against lambda W computed from the
+  rows: Little's law as an independent test of the bookkeeping.
+- **Iteration runs.** Consecutive steps of one replica with the same shape (same duration, pools,
+  batch and token counts) and no idle time between them are one row with a count. Stepping one
+  iteration at a time and advancing over a run in one go therefore record the same rows.
+- **Per-request outcomes**, in flat arrays indexed by request id, so a million requests cost no
+  million objects once they are done.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from simbatch.request import Request
+
+STATUS_NAMES = ("unfinished", "finished", "rejected")
+UNFINISHED, FINISHED, REJECTED = 0, 1, 2
+
+# Columns of the iterations frame, in order. Shape columns decide whether two steps are one run.
+SHAPE_COLUMNS = ("duration_s", "num_running", "num_waiting", "batch_size", "decode_tokens", "prefill_tokens",
+                 "padded_tokens", "itl_tokens", "num_preempted", "swap_blocks")
+RUN_COLUMNS = ("replica", "start_s", "num_steps", *SHAPE_COLUMNS, "kv_blocks_sum")
+
+
+class Recorder:
+    def __init__(self, num_requests: int, num_replicas: int):
+        # Time-weighted number in system / waiting.
+        self.t_last = 0.0
+        self.n_system = 0
+        self.n_waiting = 0
+        self.area_system = 0.0
+        self.area_waiting = 0.0
+        # Iteration runs: one open run per replica, closed runs as rows.
+        self._open: list[list | None] = [None] * num_replicas
+        self.rows: list[list] = []
+        self.stall_gaps_s: list[float] = []
+        self.busy_s = [0.0] * num_replicas
+        # Per-request outcomes.
+        n = num_requests
+        self.replica = np.full(n, -1, dtype=np.int32)
+        self.status = np.full(n, UNFINISHED, dtype=np.int8)
+        self.reason = np.zeros(n, dtype=object)
+        self.reason[:] = ""
+        self.first_scheduled_s = np.full(n, math.nan)
+        self.first_token_s = np.full(n, math.nan)
+        self.finish_s = np.full(n, math.nan)
+        self.num_preemptions = np.zeros(n, dtype=np.int32)
+        self.queue_s = np.zeros(n)
+        self.generated_tokens = np.zeros(n, dtype=np.int64)
+        self.arrived = np.zeros(n, dtype=bool)
+
+    # ---------------------------------------------------------------- time-weighted state
+    def _advance(self, now: float) -> None:
+        dt = now - self.t_last
+        if dt > 0:
+            self.area_system += self.n_system * dt
+            self.area_waiting += self.n_waiting * dt
+            self.t_last = now
+
+    def arrive(self, now: float, request_id: int) -> None:
+        self._advance(now)
+        self.arrived[request_id] = True
+        self.n_system += 1
+        self.n_waiting += 1
+
+    def reject(self, now: float, request_id: int, reason: str) -> None:
+        self.arrived[request_id] = True
+        self.status[request_id] = REJECTED
+        self.reason[request_id] = reason
+
+    def waiting_change(self, now: float, delta: int) -> None:
+        if delta:
+            self._advance(now)
+            self.n_waiting += delta
+
+    def finish(self, now: float, req: Request) -> None:
+        self._advance(now)
+        self.n_system -= 1
+        self.status[req.request_id] = FINISHED
+        self._store(req)
+
+    def _store(self, req: Request) -> None:
+        i = req.request_id
+        self.replica[i] = req.replica
+        self.first_scheduled_s[i] = req.first_scheduled_s
+        self.first_token_s[i] = req.first_token_s
+        self.finish_s[i] = req.finish_s
+        self.num_preemptions[i] = req.num_preemptions
+        self.queue_s[i] = req.queue_s
+        self.generated_tokens[i] = req.num_generated
+
+    def unfinished(self, req: Request, end_s: float) -> None:
+        """A request still in the system when the clock stopped; its queue time runs to the end."""
+        if req.status.name == "WAITING":
+            req.queue_s += end_s - req.waiting_since_s
+        self._store(req)
+
+    def close(self, end_s: float) -> None:
+        self._advance(end_s)
+        for replica in range(len(self._open)):
+            self._flush(replica)
+
+    # ---------------------------------------------------------------- iteration runs
+    def steps(self, replica: int, start_s: float, count: int, shape: tuple, kv_blocks_sum: int,
+              contiguous: bool) -> None:
+        """Record ``count`` identical consecutive steps (``shape`` in SHAPE_COLUMNS order)."""
+        self.busy_s[replica] += shape[0] * count
+        run = self._open[replica]
+        if run is not None and contiguous and tuple(run[3:3 + len(SHAPE_COLUMNS)]) == shape:
+            run[2] += count
+            run[-1] += kv_blocks_sum
+            return
+        self._flush(replica)
+        self._open[replica] = [replica, start_s, count, *shape, kv_blocks_sum]
+
+    def _flush(self, replica: int) -> None:
+        run = self._open[replica]
+        if run is not None:
+            self.rows.append(run)
+            self._open[replica] = None

@@ -1,0 +1,151 @@
+"""Frames and the summary: every metric simbatch reports, defined once, here.
+
+Per request (the ``requests`` frame; times in seconds from the start of the run):
+
+- ``ttft_s``  time to first token = first_token_s - arrival_s.
+- ``e2e_s``   end-to-end latency   = finish_s - arrival_s.
+- ``tpot_s``  time per output token after the first = (e2e_s - ttft_s) / (output_tokens - 1),
+  undefined (NaN) for one-token outputs.
+- ``queue_s`` total time spent in WAITING, including waits after preemptions.
+
+Per token: ``itl`` (inter-token latency) is the gap between two consecutive tokens of one request,
+over every token after a request's first. A decoding request emits a token every step, so most
+gaps equal one step's duration; gaps across a preemption or a stall are recorded one by one.
+
+The summary uses ``vllm bench serve``'s key names:
+
+- ``duration`` (s): the simulated span, from t=0 to the last completion (or to ``sim.max_time_s``).
+- ``completed``, ``rejected``, ``unfinished``, ``num_requests``.
+- ``request_throughput`` = completed / duration; ``output_throughput`` = output tokens of completed
+  requests / duration; ``total_token_throughput`` adds their prompt tokens.
+- ``request_goodput`` = completed requests meeting every set SLO / duration (only when SLOs are set).
+- ``{mean,median,std,p90,p99}_{ttft,tpot,itl,e2el}_ms``: over completed requests (ITL: over every
+  token gap generated during the run).
+
+Queueing quantities, over admitted requests (arrived and not rejected):
+
+- ``L``, ``Lq``: time-averaged number in system / waiting, integrated from the simulator's state.
+- ``arrival_rate`` (lambda) = admitted requests / duration.
+- ``W_s``, ``Wq_s``: mean time in system / waiting, from the request rows; requests still in the
+  system at the end count up to the end. Then L = lambda W holds on every sample path, so
+  ``littles_law_rel_error`` = |L - lambda W| / L measures the bookkeeping, not the statistics.
+- ``server_utilization``: busy time / (duration x replicas).
+- ``mean_batch_size``: sequences per step, averaged over steps.
+- ``mean_kv_usage``: used / total device blocks, averaged over busy time.
+- ``num_preemptions``: total over the run.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from simbatch.config import Scenario
+from simbatch.metrics.recorder import FINISHED, REJECTED, RUN_COLUMNS, STATUS_NAMES, Recorder
+from simbatch.metrics.stats import describe_ms
+from simbatch.workload import WorkloadArrays
+
+
+def requests_frame(wl: WorkloadArrays, rec: Recorder) -> pd.DataFrame:
+    arrived = rec.arrived
+    idx = np.flatnonzero(arrived)
+    arrival = wl.arrival_s[idx]
+    first_token, finish = rec.first_token_s[idx], rec.finish_s[idx]
+    output = wl.output_tokens[idx]
+    ttft = first_token - arrival
+    e2e = finish - arrival
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(output > 1, (e2e - ttft) / (output - 1), np.nan)
+    return pd.DataFrame({
+        "request_id": idx,
+        "replica": rec.replica[idx],
+        "tenant": pd.Categorical.from_codes(wl.tenant[idx], categories=list(wl.tenant_names)),
+        "priority": wl.priority[idx],
+        "arrival_s": arrival,
+        "first_scheduled_s": rec.first_scheduled_s[idx],
+        "first_token_s": first_token,
+        "finish_s": finish,
+        "prompt_tokens": wl.prompt_tokens[idx],
+        "output_tokens": output,
+        "generated_tokens": rec.generated_tokens[idx],
+        "num_preemptions": rec.num_preemptions[idx],
+        "status": pd.Categorical.from_codes(rec.status[idx], categories=list(STATUS_NAMES)),
+        "reason": rec.reason[idx].astype(str),
+        "ttft_s": ttft,
+        "tpot_s": tpot,
+        "e2e_s": e2e,
+        "queue_s": rec.queue_s[idx],
+    })
+
+
+def iterations_frame(rec: Recorder) -> pd.DataFrame:
+    frame = pd.DataFrame(rec.rows, columns=list(RUN_COLUMNS))
+    frame = frame.sort_values(["start_s", "replica"], kind="stable", ignore_index=True)
+    frame["kv_blocks_used"] = frame.pop("kv_blocks_sum") / frame["num_steps"]
+    frame["end_s"] = frame["start_s"] + frame["num_steps"] * frame["duration_s"]
+    return frame
+
+
+def summarize(scenario: Scenario, requests: pd.DataFrame, iterations: pd.DataFrame, rec: Recorder,
+              end_s: float) -> dict:
+    duration = end_s
+    status = requests["status"].to_numpy()
+    done = requests[status == STATUS_NAMES[FINISHED]]
+    admitted = requests[status != STATUS_NAMES[REJECTED]]
+    n_done = len(done)
+    out: dict[str, float | int] = {
+        "duration": duration,
+        "num_requests": len(requests),
+        "completed": n_done,
+        "rejected": int((status == STATUS_NAMES[REJECTED]).sum()),
+        "unfinished": len(admitted) - n_done,
+        "total_input_tokens": int(done["prompt_tokens"].sum()),
+        "total_output_tokens": int(done["output_tokens"].sum()),
+    }
+    per_s = (lambda x: x / duration) if duration > 0 else (lambda x: math.nan)
+    out["request_throughput"] = per_s(n_done)
+    out["output_throughput"] = per_s(out["total_output_tokens"])
+    out["total_token_throughput"] = per_s(out["total_input_tokens"] + out["total_output_tokens"])
+    slo = scenario.slo
+    if any(v is not None for v in (slo.ttft_ms, slo.tpot_ms, slo.e2el_ms)):
+        ok = np.ones(n_done, dtype=bool)
+        for limit, col in ((slo.ttft_ms, "ttft_s"), (slo.tpot_ms, "tpot_s"), (slo.e2el_ms, "e2e_s")):
+            if limit is not None:
+                v = done[col].to_numpy()
+                ok &= np.isnan(v) | (v * 1e3 <= limit)
+        out["request_goodput"] = per_s(int(ok.sum()))
+    out |= describe_ms("ttft", done["ttft_s"].to_numpy())
+    out |= describe_ms("tpot", done["tpot_s"].to_numpy())
+    itl_values = np.concatenate([iterations["duration_s"].to_numpy(), np.asarray(rec.stall_gaps_s)])
+    itl_weights = np.concatenate([(iterations["itl_tokens"] * iterations["num_steps"]).to_numpy(),
+                                  np.ones(len(rec.stall_gaps_s), dtype=np.int64)])
+    out |= describe_ms("itl", itl_values, itl_weights)
+    out |= describe_ms("e2el", done["e2e_s"].to_numpy())
+
+    # Queueing: time averages from the state, means from the rows.
+    # fmin ignores NaN: a request still in the system counts up to the end.
+    sojourn = np.fmin(admitted["finish_s"].to_numpy(), end_s) - admitted["arrival_s"].to_numpy()
+    lam = per_s(len(admitted))
+    L = rec.area_system / duration if duration > 0 else math.nan
+    W = float(sojourn.mean()) if len(admitted) else math.nan
+    out |= {
+        "L": L,
+        "Lq": rec.area_waiting / duration if duration > 0 else math.nan,
+        "W_s": W,
+        "Wq_s": float(admitted["queue_s"].mean()) if len(admitted) else math.nan,
+        "arrival_rate": lam,
+        "littles_law_rel_error": abs(L - lam * W) / L if L > 0 else 0.0,
+    }
+    steps = iterations["num_steps"].to_numpy()
+    busy = iterations["duration_s"].to_numpy() * steps
+    replicas = scenario.cluster.replicas
+    out["server_utilization"] = float(busy.sum() / (duration * replicas)) if duration > 0 else math.nan
+    out["num_steps"] = int(steps.sum())
+    out["mean_batch_size"] = float((iterations["batch_size"] * steps).sum() / steps.sum()) if steps.sum() else 0.0
+    kv_total = scenario.kv_cache.num_blocks
+    out["mean_kv_usage"] = float((iterations["kv_blocks_used"] * busy).sum() / busy.sum() / kv_total) \
+        if busy.sum() else 0.0
+    out["num_preemptions"] = int(requests["num_preemptions"].sum())
+    return out

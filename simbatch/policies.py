@@ -1,0 +1,144 @@
+"""Queue policies: who is served next from WAITING, and who is evicted from RUNNING.
+
+A policy is a plain *key function*: the waiting request with the smallest key goes first, and among
+running requests the one with the largest victim key is preempted first. Every key ends with the
+request id (its arrival sequence number), so ties are broken the same way in every run.
+
+- ``fcfs``: arrival order. Preempted requests keep their key, so they return to the front (they
+  arrived before anything still waiting, since FCFS admits in arrival order).
+- ``priority``: lower value first, arrival breaks ties. With ``aging_s``, a waiting request's
+  effective priority drops by one level every ``aging_s`` seconds it waits. All waiting requests age
+  at the same rate, so their order depends only on ``priority + arrival_s / aging_s``: a static key,
+  and no rescans as time passes.
+- ``sjf``: shortest prompt first, or shortest true output (``sjf_key: output``): the latter is an
+  oracle no real server has, an upper bound on what length prediction could buy.
+- ``fair``: weighted fair share of running slots: the next request comes from the tenant with the
+  fewest running requests per unit of weight; FCFS within a tenant. See :class:`FairQueue`.
+
+Victims: the worst key under ``priority``; the newest admitted (LIFO, cheapest to recompute) under
+every other policy.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterator
+
+from simbatch.config import Scheduler
+from simbatch.request import Request
+
+Key = Callable[[Request], tuple]
+
+
+def waiting_key(cfg: Scheduler) -> Key:
+    """The ordering of WAITING under ``cfg.policy`` (smallest first)."""
+    if cfg.policy == "priority":
+        if cfg.aging_s is None:
+            return lambda r: (r.priority, r.request_id)
+        aging = cfg.aging_s
+        return lambda r: (r.priority + r.arrival_s / aging, r.request_id)
+    if cfg.policy == "sjf":
+        if cfg.sjf_key == "output":
+            return lambda r: (r.output_tokens, r.request_id)
+        return lambda r: (r.prompt_tokens, r.request_id)
+    return lambda r: (r.request_id,)
+
+
+def victim_key(cfg: Scheduler) -> Key:
+    """The ordering of RUNNING for preemption (largest is evicted first)."""
+    if cfg.policy == "priority":
+        order = waiting_key(cfg)
+        return lambda r: (*order(r), r.admitted_seq)
+    return lambda r: (r.admitted_seq,)
+
+
+class WaitingQueue:
+    """WAITING as a heap on the policy key: O(log n) push and pop, no scans of a long queue."""
+
+    __slots__ = ("_heap", "_key")
+
+    def __init__(self, key: Key):
+        self._key = key
+        self._heap: list[tuple[tuple, Request]] = []
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __iter__(self) -> Iterator[Request]:
+        """Requests in no particular order (for invariant checks and snapshots)."""
+        return (r for _, r in self._heap)
+
+    def push(self, req: Request) -> None:
+        heapq.heappush(self._heap, (self._key(req), req))
+
+    def peek(self) -> Request | None:
+        return self._heap[0][1] if self._heap else None
+
+    def pop(self) -> Request:
+        return heapq.heappop(self._heap)[1]
+
+    # Fair queues track running counts; plain queues have nothing to do.
+    def on_admit(self, req: Request) -> None:
+        pass
+
+    def on_release(self, req: Request) -> None:
+        pass
+
+
+class FairQueue(WaitingQueue):
+    """Weighted fair share of running slots across tenants, FCFS within each tenant.
+
+    The head is the oldest request of the tenant with the smallest ``running / weight`` (ties to the
+    tenant whose head arrived first). With a handful of tenants the choice is O(tenants).
+    """
+
+    __slots__ = ("_by_tenant", "_running", "_weights", "_size")
+
+    def __init__(self, weights: list[float]):
+        super().__init__(lambda r: (r.request_id,))
+        self._weights = weights
+        self._by_tenant: list[list[tuple[tuple, Request]]] = [[] for _ in weights]
+        self._running = [0] * len(weights)
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __iter__(self) -> Iterator[Request]:
+        return (r for heap in self._by_tenant for _, r in heap)
+
+    def push(self, req: Request) -> None:
+        heapq.heappush(self._by_tenant[req.tenant], ((req.request_id,), req))
+        self._size += 1
+
+    def _head_tenant(self) -> int | None:
+        best, best_key = None, None
+        for t, heap in enumerate(self._by_tenant):
+            if heap:
+                key = (self._running[t] / self._weights[t], heap[0][0])
+                if best_key is None or key < best_key:
+                    best, best_key = t, key
+        return best
+
+    def peek(self) -> Request | None:
+        t = self._head_tenant()
+        return None if t is None else self._by_tenant[t][0][1]
+
+    def pop(self) -> Request:
+        t = self._head_tenant()
+        if t is None:
+            raise IndexError("pop from an empty queue")
+        self._size -= 1
+        return heapq.heappop(self._by_tenant[t])[1]
+
+    def on_admit(self, req: Request) -> None:
+        self._running[req.tenant] += 1
+
+    def on_release(self, req: Request) -> None:
+        self._running[req.tenant] -= 1
+
+
+def make_queue(cfg: Scheduler, tenant_names: tuple[str, ...]) -> WaitingQueue:
+    if cfg.policy == "fair":
+        return FairQueue([cfg.tenant_weights.get(name, 1.0) for name in tenant_names])
+    return WaitingQueue(waiting_key(cfg))

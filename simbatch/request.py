@@ -1,0 +1,62 @@
+"""A request's mutable state as it moves through an engine's pools.
+
+Token accounting follows vLLM's unified view: a request *knows* ``prompt + generated`` tokens and
+has *computed* (materialized in the KV cache) ``num_computed_tokens`` of them. Each step hands it a
+slice of the token budget; when the computed count catches up with the known count, the step
+samples one new token. A prefill is the case of many known-but-uncomputed tokens, a decode the case
+of exactly one (the token sampled last step). Chunked prefill and recompute after preemption are
+then the same rule: compute what is known, a slice at a time.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+
+class Status(enum.IntEnum):
+    WAITING = 0  # arrived, holds no device KV blocks (a swapped request holds host blocks)
+    RUNNING = 1  # in the running set, owns device KV blocks
+    FINISHED = 2
+    REJECTED = 3
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    request_id: int  # arrival sequence number: unique, and the tie-breaker everywhere
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    tenant: int = 0
+    priority: int = 0
+    replica: int = -1
+    status: Status = Status.WAITING
+    num_computed_tokens: int = 0
+    num_generated: int = 0
+    prefill_pending: bool = True  # computing known tokens before the next sample (prompt, or a recompute)
+    blocks: int = 0  # device KV blocks held
+    swapped_blocks: int = 0  # host KV blocks held (swap preemption)
+    admitted_seq: int = -1  # order of the latest admission into RUNNING; the newest is the LIFO victim
+    num_preemptions: int = 0
+    first_scheduled_s: float = math.nan
+    first_token_s: float = math.nan
+    finish_s: float = math.nan
+    last_token_s: float = math.nan
+    last_token_step: int = -2  # engine step that sampled the last token (ITL bookkeeping)
+    waiting_since_s: float = math.nan
+    queue_s: float = 0.0  # total time spent in WAITING, across preemptions
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens known so far: the prompt and everything generated."""
+        return self.prompt_tokens + self.num_generated
+
+    @property
+    def remaining_tokens(self) -> int:
+        """Known tokens not yet in the KV cache; 1 for a decoding request."""
+        return self.prompt_tokens + self.num_generated - self.num_computed_tokens
+
+    @property
+    def done(self) -> bool:
+        return self.num_generated >= self.output_tokens

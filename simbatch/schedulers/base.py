@@ -1,0 +1,147 @@
+"""What every batching mode shares: the plan of one step, and the scheduler interface.
+
+A scheduler is plain Python with no notion of SimPy. The engine asks it ``schedule(now)`` and gets
+one of three answers:
+
+- a :class:`StepPlan`: run this step (the engine charges its cost and calls ``finish_step``);
+- a float: nothing to run before that time (a batching timer), unless a request arrives;
+- ``None``: nothing to run until a request arrives.
+
+Tests build a scheduler, ``add`` requests, and step it by hand with ``schedule`` / ``finish_step``.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from simbatch.config import Scenario
+from simbatch.kv import KVCacheManager
+from simbatch.policies import WaitingQueue
+from simbatch.request import Request, Status
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """One engine step: who computes how many tokens, and what it costs."""
+
+    scheduled: list[tuple[Request, int]] = field(default_factory=list)  # (request, tokens this step)
+    decode_seqs: int = 0  # sequences computing their one decode token (costed at beta)
+    prefill_tokens: int = 0  # prompt / recompute tokens (costed at gamma)
+    padded_decode_seqs: int = 0  # idle slots still computed (static batching)
+    padded_prefill_tokens: int = 0  # pad tokens of a padded prefill (static batching)
+    num_admitted: int = 0  # requests that left WAITING for this step
+    num_preempted: int = 0  # requests sent back to WAITING while planning this step
+    swap_blocks: int = 0  # blocks moved between device and host while planning this step
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.scheduled)
+
+    @property
+    def padded_tokens(self) -> int:
+        return self.padded_decode_seqs + self.padded_prefill_tokens
+
+
+@dataclass(slots=True)
+class StepOutcome:
+    """What a finished step produced, for the recorders."""
+
+    finished: list[Request]
+    itl_tokens: int  # tokens whose inter-token gap is exactly this step's duration
+    stall_gaps_s: list[float]  # gaps of tokens that came after a pause (preemption, stall)
+
+
+class BaseScheduler(ABC):
+    """Pools and bookkeeping common to all modes; subclasses decide what a step holds."""
+
+    def __init__(self, scenario: Scenario, kv: KVCacheManager, waiting: WaitingQueue):
+        self.scenario = scenario
+        self.kv = kv
+        self.waiting = waiting
+        self.running: list[Request] = []
+        self.closed = False  # no more arrivals will come
+        self.num_preemptions = 0
+        self._admissions = 0
+
+    # ---------------------------------------------------------------- the interface
+    def add(self, req: Request, now: float) -> None:
+        """A request arrives at this engine and joins WAITING."""
+        req.status = Status.WAITING
+        req.waiting_since_s = now
+        self.waiting.push(req)
+
+    def close(self) -> None:
+        """Arrivals have ended (static batching then flushes a partial batch)."""
+        self.closed = True
+
+    @abstractmethod
+    def schedule(self, now: float) -> StepPlan | float | None:
+        """Plan the next step at ``now`` (see the module docstring for the three answers)."""
+
+    @abstractmethod
+    def finish_step(self, plan: StepPlan, end_s: float, step: int) -> StepOutcome:
+        """Apply ``plan``'s work, which ended at ``end_s``; ``step`` numbers the engine's steps."""
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running) or len(self.waiting) > 0
+
+    @property
+    def kv_blocks_used(self) -> int:
+        return self.kv.device.num_used
+
+    # ---------------------------------------------------------------- shared mechanics
+    def _admit(self, req: Request, now: float) -> None:
+        """WAITING -> RUNNING."""
+        req.status = Status.RUNNING
+        req.queue_s += now - req.waiting_since_s
+        if math.isnan(req.first_scheduled_s):
+            req.first_scheduled_s = now
+        req.admitted_seq = self._admissions
+        self._admissions += 1
+        self.running.append(req)
+        self.waiting.on_admit(req)
+
+    def _emit_token(self, req: Request, end_s: float, step: int, outcome: StepOutcome) -> None:
+        """``req`` sampled one token at the end of ``step``."""
+        if req.num_generated == 0:
+            req.first_token_s = end_s
+        elif req.last_token_step == step - 1:
+            outcome.itl_tokens += 1
+        else:
+            outcome.stall_gaps_s.append(end_s - req.last_token_s)
+        req.num_generated += 1
+        req.last_token_s = end_s
+        req.last_token_step = step
+
+    def _retire(self, req: Request, end_s: float) -> None:
+        req.status = Status.FINISHED
+        req.finish_s = end_s
+        self.kv.release(req)
+        self.waiting.on_release(req)
+
+    def _block_holders(self) -> list[Request]:
+        return self.running
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the pools or the block accounting are inconsistent."""
+        waiting = list(self.waiting)
+        ids = [r.request_id for r in waiting] + [r.request_id for r in self.running]
+        assert len(ids) == len(set(ids)), "a request is in two pools"
+        assert all(r.status is Status.WAITING and r.blocks == 0 for r in waiting), "waiting request holds blocks"
+        assert all(r.status is Status.RUNNING for r in self.running), "running pool holds a non-running request"
+        held = sum(r.blocks for r in self._block_holders())
+        assert self.kv.device.num_free + held == self.kv.device.num_blocks, "device blocks not conserved"
+        swapped = sum(r.swapped_blocks for r in waiting)
+        assert self.kv.host.num_free + swapped == self.kv.host.num_blocks, "host blocks not conserved"
+        assert len(self.running) <= self.scenario.batching.max_num_seqs, "more running than max_num_seqs"

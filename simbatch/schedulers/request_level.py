@@ -1,0 +1,152 @@
+"""Static and dynamic batching: request-level scheduling, one decision per batch.
+
+A batch of up to ``max_num_seqs`` requests is formed, prefilled together, and decoded step by step
+until its longest request is done; only then is the next batch formed. Membership is frozen. The two
+modes differ only in *when* a batch forms:
+
+- ``static`` waits for a full batch; with ``max_wait_ms`` it starts a partial one once the oldest
+  waiting request has waited that long. When arrivals have ended it flushes what is left.
+- ``dynamic`` (Triton's dynamic batcher) dispatches on a full batch or once the oldest waiting request
+  has waited ``max_queue_delay_ms``.
+
+The three leaks of request-level batching show in the iteration records:
+
+1. *tail idling*: a request that is done keeps its slot, which is still computed (``padded_tokens``,
+   charged at beta each), until the longest request of the batch ends;
+2. *head-of-line blocking*: an arrival waits for the whole running batch to drain (``queue_s``);
+3. *padding*: with ``pad_prompts`` every prompt is padded to the batch's longest, and pad tokens cost
+   like real ones.
+
+Tokens stream as they are generated: a request's first token comes after the batch prefill, and it
+finishes at its own last token; its slot and its memory stay with the batch until the batch ends.
+Memory is reserved at dispatch for the padded footprint: every slot holds the longest prompt plus the
+longest output, so no batch ever runs short of blocks mid-way.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from simbatch.config import Scenario
+from simbatch.cost import peak_kv_tokens
+from simbatch.kv import KVCacheManager
+from simbatch.policies import WaitingQueue
+from simbatch.request import Request, Status
+from simbatch.schedulers.base import BaseScheduler, StepOutcome, StepPlan
+
+
+class RequestLevelScheduler(BaseScheduler):
+    def __init__(self, scenario: Scenario, kv: KVCacheManager, waiting: WaitingQueue):
+        super().__init__(scenario, kv, waiting)
+        b = scenario.batching
+        self.max_batch_size = b.max_num_seqs
+        self.pad = b.pad_prompts
+        if b.mode == "dynamic":
+            self.max_wait_s: float | None = b.max_queue_delay_ms / 1e3
+        else:
+            self.max_wait_s = None if b.max_wait_ms is None else b.max_wait_ms / 1e3
+        self.batch: list[Request] = []  # every slot of the current batch, done or not
+        self._batch_blocks = 0
+        self._prefilled = False
+        self._admitted_now = 0
+        # Arrival order of waiting requests, for the "oldest has waited" timer whatever the policy.
+        self._arrivals: deque[Request] = deque()
+
+    def add(self, req: Request, now: float) -> None:
+        super().add(req, now)
+        self._arrivals.append(req)
+
+    def _oldest_waiting_since(self) -> float:
+        while self._arrivals[0].status is not Status.WAITING:
+            self._arrivals.popleft()
+        return self._arrivals[0].waiting_since_s
+
+    def _footprint(self, prompts: list[int], outputs_max: int) -> int:
+        """Blocks a batch reserves: every slot grows to its (padded) prompt plus the longest output."""
+        if self.pad:
+            return len(prompts) * self.kv.blocks_for(peak_kv_tokens(max(prompts), outputs_max))
+        return sum(self.kv.blocks_for(peak_kv_tokens(p, outputs_max)) for p in prompts)
+
+    # ---------------------------------------------------------------- planning
+    def schedule(self, now: float) -> StepPlan | float | None:
+        if not self.batch:
+            n = len(self.waiting)
+            if n == 0:
+                return None
+            if n < self.max_batch_size and not self.closed:
+                if self.max_wait_s is None:
+                    return None
+                due = self._oldest_waiting_since() + self.max_wait_s
+                if due > now:
+                    return due
+            self._form_batch(now)
+        return self._next_step()
+
+    def _form_batch(self, now: float) -> None:
+        """Take requests in policy order while the padded footprint fits in free blocks."""
+        prompts: list[int] = []
+        o_max = blocks = 0
+        while len(self.waiting) and len(self.batch) < self.max_batch_size:
+            req = self.waiting.peek()
+            need = self._footprint([*prompts, req.prompt_tokens], max(o_max, req.output_tokens))
+            if need > self.kv.device.num_free:
+                break
+            prompts.append(req.prompt_tokens)
+            o_max = max(o_max, req.output_tokens)
+            blocks = need
+            self.waiting.pop()
+            self._admit(req, now)
+            self.batch.append(req)
+        self.kv.device.allocate(blocks)
+        self._batch_blocks = blocks
+        # Attribute the reservation to its slots so block conservation can be checked per request.
+        share, extra = divmod(blocks, len(self.batch))
+        for i, req in enumerate(self.batch):
+            req.blocks = share + (1 if i < extra else 0)
+        self._prefilled = False
+        self._admitted_now = len(self.batch)
+
+    def _next_step(self) -> StepPlan:
+        plan = StepPlan()
+        if not self._prefilled:
+            p_max = max(r.prompt_tokens for r in self.batch)
+            for req in self.batch:
+                plan.scheduled.append((req, req.prompt_tokens))
+                plan.prefill_tokens += req.prompt_tokens
+                if self.pad:
+                    plan.padded_prefill_tokens += p_max - req.prompt_tokens
+            plan.num_admitted = self._admitted_now
+            return plan
+        for req in self.batch:
+            if req.status is Status.RUNNING:
+                plan.scheduled.append((req, 1))
+                plan.decode_seqs += 1
+            else:
+                plan.padded_decode_seqs += 1
+        return plan
+
+    # ---------------------------------------------------------------- execution
+    def finish_step(self, plan: StepPlan, end_s: float, step: int) -> StepOutcome:
+        outcome = StepOutcome([], 0, [])
+        self._prefilled = True
+        for req, n in plan.scheduled:
+            req.num_computed_tokens += n
+            req.prefill_pending = False
+            self._emit_token(req, end_s, step, outcome)
+            if req.done:
+                req.status = Status.FINISHED
+                req.finish_s = end_s
+                self.waiting.on_release(req)
+                outcome.finished.append(req)
+        if outcome.finished:
+            self.running = [r for r in self.running if r.status is Status.RUNNING]
+        if not self.running:
+            # The longest request is done: the batch ends and its slots and memory come back.
+            self.kv.device.free(self._batch_blocks)
+            for req in self.batch:
+                req.blocks = 0
+            self.batch = []
+        return outcome
+
+    def _block_holders(self) -> list[Request]:
+        return self.batch  # done requests keep their slot's memory until the batch ends

@@ -1,0 +1,59 @@
+"""The public entry point: ``simulate(scenario) -> Result``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from simbatch.config import Scenario
+from simbatch.cost import Stability, stability
+from simbatch.engine import Engine
+from simbatch.metrics.summary import iterations_frame, requests_frame, summarize
+from simbatch.workload import WorkloadArrays, generate
+
+
+@dataclass
+class Result:
+    """What one simulation produced.
+
+    ``requests``: one row per arrived request; ``iterations``: one row per run of identical engine
+    steps (``num_steps`` of them); ``summary``: vLLM-named metrics (see :mod:`simbatch.metrics.summary`).
+    """
+
+    scenario: Scenario
+    requests: pd.DataFrame
+    iterations: pd.DataFrame
+    summary: dict
+    stability: Stability
+    stall_gaps_s: list[float] = field(default_factory=list, repr=False)
+
+
+def expected_stability(scenario: Scenario, workload: WorkloadArrays) -> Stability:
+    """The stability check for this scenario's traffic, from the workload's own means."""
+    duration = float(workload.arrival_s[-1]) if len(workload) else 0.0
+    rate = scenario.workload.arrival.rate
+    if scenario.workload.trace is not None or rate == float("inf"):
+        rate = len(workload) / duration if duration > 0 else float("inf")
+    return stability(scenario.device, scenario.batching.max_num_seqs, rate,
+                     float(workload.output_tokens.mean()) if len(workload) else 0.0,
+                     float(workload.prompt_tokens.mean()) if len(workload) else 0.0,
+                     replicas=scenario.cluster.replicas)
+
+
+def simulate(scenario: Scenario, *, check_invariants: bool = False,
+             on_progress: Callable[[float, int], None] | None = None) -> Result:
+    """Run ``scenario`` to the end and collect its frames and summary.
+
+    ``check_invariants`` re-checks pools and block conservation at every step (slow; for tests).
+    ``on_progress(sim_time_s, requests_arrived)`` is called now and then, for progress bars.
+    """
+    workload = generate(scenario)
+    engine = Engine(scenario, workload, check_invariants=check_invariants, on_progress=on_progress)
+    end_s = engine.run()
+    requests = requests_frame(workload, engine.recorder)
+    iterations = iterations_frame(engine.recorder)
+    summary = summarize(scenario, requests, iterations, engine.recorder, end_s)
+    return Result(scenario, requests, iterations, summary, expected_stability(scenario, workload),
+                  list(engine.recorder.stall_gaps_s))

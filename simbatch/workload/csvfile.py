@@ -1,0 +1,87 @@
+"""Reading the CSV files a workload replays, with errors that point at the offending line.
+
+Traces and empirical length columns are data the user brings, so a bad row must be reported as
+``file:line`` with the value found and what was expected, not as a numpy traceback halfway
+through a run. Everything is read as text first and converted here, so the raw value can be quoted.
+
+Line numbers assume one record per line (the header is line 1), which holds for the numeric CSVs
+these files are; a quoted field spanning several lines would shift the numbers after it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from simbatch.loading import Problem, ScenarioError
+
+_HEADER_LINE = 1  # CSV line numbers are 1-based and the header takes the first
+
+
+def fail(path: Path, where: str, message: str, line: int | None = None) -> ScenarioError:
+    """The error for one problem in a data file (the caller raises it, so tracebacks end at the cause)."""
+    return ScenarioError([Problem(source=str(path), path=where, message=message, line=line, col=None)])
+
+
+def read_table(path: Path, where: str) -> pd.DataFrame:
+    """The file as a frame of strings, indexed by line number, blank lines dropped.
+
+    ``where`` is the scenario field that named the file, used in every error.
+    """
+    try:
+        # na_filter=False keeps empty fields as "" so they are reported as empty, not as "nan".
+        frame = pd.read_csv(path, dtype=str, na_filter=False, skip_blank_lines=False)
+    except pd.errors.EmptyDataError:
+        raise fail(path, where, "the file is empty; expected a header line and at least one data row") from None
+    except pd.errors.ParserError as exc:
+        found = re.search(r"line (\d+)", str(exc))
+        raise fail(path, where, f"not a well-formed CSV file: {exc}",
+                   int(found.group(1)) if found else None) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise fail(path, where, f"cannot read the file: {exc}") from None
+    # Blank lines were kept as rows so that the index still counts file lines; drop them now.
+    frame.index = pd.RangeIndex(_HEADER_LINE + 1, _HEADER_LINE + 1 + len(frame))
+    frame = frame[(frame != "").any(axis=1)]
+    if frame.empty:
+        raise fail(path, where, "the file has a header but no data rows; add at least one row",
+                   _HEADER_LINE)
+    return frame
+
+
+def column(frame: pd.DataFrame, name: str, path: Path, where: str) -> pd.Series:
+    """One column by name; ``where`` is the scenario field that chose the name."""
+    if name not in frame.columns:
+        found = ", ".join(repr(str(c)) for c in frame.columns)
+        raise fail(path, where, f"column {name!r} not found (the header has {found}); "
+                                f"set {where} to one of those", _HEADER_LINE)
+    return frame[name]
+
+
+def first_bad(raw: pd.Series, bad: np.ndarray) -> tuple[int, str, str]:
+    """(line, raw value, " (and N more rows like it)") of the first row flagged in ``bad``.
+
+    One example per error: a column with ten thousand bad rows needs one line quoted, not ten thousand.
+    """
+    flagged = np.flatnonzero(bad)
+    more = len(flagged) - 1
+    tail = f" (and {more} more row{'s' if more > 1 else ''} like it)" if more else ""
+    return int(raw.index[flagged[0]]), str(raw.iloc[flagged[0]]), tail
+
+
+def positive_ints(raw: pd.Series, path: Path, where: str, fix: str) -> np.ndarray:
+    """A text column as int64 token counts, every one a whole number >= 1.
+
+    ``fix`` ends the message, telling the user what to do about a bad row.
+    """
+    numbers = pd.to_numeric(raw.str.strip(), errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    # "12.0" and "1e3" are whole numbers and pass; "12.5", "", "inf" and "n/a" do not.
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(numbers) | (numbers < 1) | (numbers != np.floor(numbers))
+    if bad.any():
+        line, value, tail = first_bad(raw, bad)
+        raise fail(path, where, f"column {raw.name!r} has {value!r}, expected a whole number of tokens "
+                                f">= 1{tail}; {fix}", line)
+    return numbers.astype(np.int64)

@@ -1,0 +1,113 @@
+"""From a scenario to the full list of requests, as columns, before the simulation starts.
+
+The workload is drawn up front and independently of everything downstream, from its own seeded
+streams (:mod:`simbatch.streams`): arrival times from one, class assignment from another, each
+class's prompt and output lengths from streams of their own. So two runs that differ only in
+batching mode, scheduler policy or device see request for request the same traffic (common random
+numbers), and a difference in their metrics is the mode's doing, not the dice's.
+
+The split goes further than mode changes: adding a class or editing one class's lengths leaves the
+arrival times and the other classes' lengths untouched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from simbatch import streams
+from simbatch.config import RequestClass, Scenario
+from simbatch.workload.arrivals import arrival_times
+from simbatch.workload.lengths import sample_lengths
+from simbatch.workload.trace import load_trace
+
+
+@dataclass(frozen=True)
+class WorkloadArrays:
+    """Every request of a run, one row per index, in arrival order.
+
+    The arrays are made read-only: one workload is shared by every run it is compared across, and a
+    scheduler that wrote into it would corrupt the comparison silently.
+    """
+
+    arrival_s: np.ndarray  # float64, nondecreasing
+    prompt_tokens: np.ndarray  # int64 >= 1
+    output_tokens: np.ndarray  # int64 >= 1
+    tenant: np.ndarray  # int32 codes into tenant_names
+    priority: np.ndarray  # int64, lower is served first under the priority policy
+    tenant_names: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        columns = (self.arrival_s, self.prompt_tokens, self.output_tokens, self.tenant, self.priority)
+        if len({len(c) for c in columns}) != 1:
+            raise ValueError(f"workload columns differ in length: {[len(c) for c in columns]}")
+        for c in columns:
+            c.flags.writeable = False
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+
+def _classes(scenario: Scenario) -> list[RequestClass]:
+    """The scenario's request classes; one anonymous ``default`` class when it lists none."""
+    return scenario.workload.classes or [RequestClass(name="default")]
+
+
+def _lengths_by_class(scenario: Scenario, classes: list[RequestClass], class_idx: np.ndarray,
+                      stream: int, field: str) -> np.ndarray:
+    """Per-request lengths, each from its class's distribution (``field``: prompt or output tokens).
+
+    Each class draws a length for every request, on its own sub-stream, and keeps those of its own
+    requests. That costs a few wasted draws, and buys independence: request j, if it is in class i,
+    gets draw j of stream (field, i) whatever the other classes are or how large their shares.
+    """
+    n = len(class_idx)
+    out = np.empty(n, dtype=np.int64)
+    for i, cls in enumerate(classes):
+        mine = class_idx == i
+        if not mine.any():
+            continue
+        own = getattr(cls, field)
+        dist = own if own is not None else getattr(scenario.workload, field)
+        where = f"workload.classes.{i}.{field}" if own is not None else f"workload.{field}"
+        draws = sample_lengths(dist, n, streams.rng(scenario.seed, stream, i), scenario, where=where)
+        out[mine] = draws[mine]
+    return out
+
+
+def generate(scenario: Scenario) -> WorkloadArrays:
+    """Draw (or replay) every request of ``scenario``'s workload.
+
+    With ``workload.trace`` the trace supplies arrival times and lengths, and classes only assign
+    tenants and priorities; otherwise arrivals follow ``workload.arrival`` and lengths each
+    class's distributions (a class's own ``prompt_tokens``/``output_tokens`` override the workload's).
+    """
+    wl, seed = scenario.workload, scenario.seed
+    if wl.trace is not None:
+        arrival_s, prompt_tokens, output_tokens = load_trace(wl.trace, scenario, wl.num_requests, wl.duration_s)
+    else:
+        arrival_s = arrival_times(wl.arrival, streams.rng(seed, streams.ARRIVALS), wl.num_requests,
+                                  wl.duration_s)
+
+    classes = _classes(scenario)
+    shares = np.array([c.share for c in classes], dtype=np.float64)
+    class_idx = streams.rng(seed, streams.CLASSES).choice(len(classes), size=len(arrival_s),
+                                                          p=shares / shares.sum())
+    if wl.trace is None:
+        prompt_tokens = _lengths_by_class(scenario, classes, class_idx, streams.PROMPT_TOKENS, "prompt_tokens")
+        output_tokens = _lengths_by_class(scenario, classes, class_idx, streams.OUTPUT_TOKENS, "output_tokens")
+
+    # Classes sharing a name are one tenant (e.g. one customer's batch and interactive traffic at two
+    # priorities), so tenants are coded by name in order of first listing.
+    tenant_names = tuple(dict.fromkeys(c.name for c in classes))
+    tenant_of_class = np.array([tenant_names.index(c.name) for c in classes], dtype=np.int32)
+    priority_of_class = np.array([c.priority for c in classes], dtype=np.int64)
+    return WorkloadArrays(
+        arrival_s=arrival_s,
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        tenant=tenant_of_class[class_idx],
+        priority=priority_of_class[class_idx],
+        tenant_names=tenant_names,
+    )

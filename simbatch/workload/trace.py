@@ -1,0 +1,76 @@
+"""Trace replay: real arrival times and token counts from a CSV file, one row per request.
+
+The default column names are those of the public Azure LLM inference traces,
+
+    TIMESTAMP,ContextTokens,GeneratedTokens
+    2023-11-16 18:15:46.6805900,374,44
+
+so those files replay as downloaded. Replaying a trace keeps what synthetic traffic smooths away:
+bursts, diurnal drift, and the correlation between a request's prompt and output lengths.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from simbatch.config import Scenario, Trace
+from simbatch.workload import csvfile
+
+SAMPLE_TRACE = Path(__file__).resolve().parent.parent / "data" / "sample_trace.csv"
+"""A small synthetic trace in the Azure format, shipped with the package (see ``simbatch/data``)."""
+
+_WHERE = "workload.trace"
+
+
+def _timestamps_s(raw: pd.Series, path: Path) -> np.ndarray:
+    """Each row's time, s, from an arbitrary origin: numbers as seconds, or ISO 8601 date-times.
+
+    The column's kind is decided by its majority, so one garbled row is reported as such instead of
+    flipping the whole column to the other kind and failing on every row.
+    """
+    text = raw.str.strip()
+    seconds = pd.to_numeric(text, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    if np.isfinite(seconds).sum() * 2 >= len(seconds):
+        bad, expected = ~np.isfinite(seconds), "a time in seconds"
+    else:
+        # utc=True accepts stamps with differing UTC offsets and reads naive ones as UTC, so the gaps
+        # between rows come out right either way.
+        stamps = pd.to_datetime(text, errors="coerce", format="ISO8601", utc=True)
+        seconds = (stamps - stamps.min()).dt.total_seconds().to_numpy(dtype=np.float64, na_value=np.nan)
+        bad, expected = np.isnan(seconds), "a date-time like 2023-11-16 18:15:46.6805900"
+    if bad.any():
+        line, value, tail = csvfile.first_bad(raw, bad)
+        raise csvfile.fail(path, _WHERE, f"column {raw.name!r} has {value!r}, expected {expected}{tail}; "
+                                         "fix or delete that row", line)
+    return seconds
+
+
+def load_trace(trace: Trace, scenario: Scenario, num_requests: int | None,
+               duration_s: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(arrival_s, prompt_tokens, output_tokens) replayed from ``trace.path``.
+
+    Arrival times are offsets from the earliest row, times ``trace.time_scale``, so the first
+    request arrives at t = 0. Rows are sorted by time first (a stable sort, so rows sharing a
+    timestamp keep their file order): logs merged from several servers are often slightly out of
+    order, and that is no reason to refuse them. ``num_requests`` then keeps the first that many
+    arrivals and ``duration_s`` those arriving before it (in scaled time). Every row is checked,
+    kept or not, so a damaged file is found on its first use. A bad row raises
+    :class:`~simbatch.loading.ScenarioError` naming its line.
+    """
+    path = scenario.resolve(trace.path)
+    frame = csvfile.read_table(path, _WHERE)
+    stamps = csvfile.column(frame, trace.timestamp_column, path, f"{_WHERE}.timestamp_column")
+    prompts = csvfile.column(frame, trace.prompt_column, path, f"{_WHERE}.prompt_column")
+    outputs = csvfile.column(frame, trace.output_column, path, f"{_WHERE}.output_column")
+    fix = "fix or delete that row"
+    prompt_tokens = csvfile.positive_ints(prompts, path, _WHERE, fix)
+    output_tokens = csvfile.positive_ints(outputs, path, _WHERE, fix)
+    time_s = _timestamps_s(stamps, path)
+
+    order = np.argsort(time_s, kind="stable")[:num_requests]
+    arrival_s = (time_s[order] - time_s[order[0]]) * trace.time_scale
+    keep = len(arrival_s) if duration_s is None else np.searchsorted(arrival_s, duration_s, side="left")
+    return arrival_s[:keep], prompt_tokens[order][:keep], output_tokens[order][:keep]
