@@ -18,7 +18,7 @@ run: install
 	$(BIN)/simbatch run scenarios/oversubscribed.yaml
 
 lint: install
-	$(BIN)/ruff check simbatch tests benchmarks
+	$(BIN)/ruff check simbatch tests benchmarks scripts
 
 test: install lint
 	$(BIN)/python -m pytest

@@ -84,7 +84,7 @@ class Zipf(_Model):
     dist: Literal["zipf"]
     a: PosFloat = Field(description="Exponent.")
     min: PosInt = Field(default=1, description="Smallest length, tokens.")
-    max: PosInt = Field(description="Largest length, tokens.")
+    max: Annotated[int, Field(gt=0, le=10_000_000, strict=True)] = Field(description="Largest length, tokens.")
 
     @model_validator(mode="after")
     def _ordered(self) -> Zipf:
@@ -125,7 +125,7 @@ class Arrival(_Model):
 class RequestClass(_Model):
     """One class of traffic in a mixture: a tenant with its priority and, optionally, its own lengths."""
 
-    name: str = Field(description="Tenant name (used by the `fair` policy and in the requests frame).")
+    name: str = Field(description="Tenant name (fair policy, requests frame); classes sharing a name are one tenant.")
     share: PosFloat = Field(default=1.0, description="Relative share of arrivals.")
     priority: int = Field(default=0, description="Lower is served first under the `priority` policy.")
     prompt_tokens: LengthDist | None = Field(default=None, description="Overrides workload.prompt_tokens.")
@@ -149,18 +149,33 @@ class Trace(_Model):
 class Workload(_Model):
     """The traffic: arrivals and lengths, or a trace. Drawn from seeded streams independent of the mode."""
 
-    num_requests: PosInt | None = Field(default=1000, description="Stop after this many arrivals.")
+    num_requests: PosInt | None = Field(
+        default=None, description="Stop after this many arrivals (a trace: replay its first N rows)."
+    )
     duration_s: PosFloat | None = Field(default=None, description="Stop arrivals after this much time, s.")
     arrival: Arrival = Field(default_factory=Arrival)
-    prompt_tokens: LengthDist = Field(default_factory=lambda: Fixed(value=128))
-    output_tokens: LengthDist = Field(default_factory=lambda: Fixed(value=128))
+    prompt_tokens: LengthDist = Field(default_factory=lambda: Fixed(value=128),
+                                      description="Prompt lengths: the prefill work and the KV held on admission.")
+    output_tokens: LengthDist = Field(default_factory=lambda: Fixed(value=128),
+                                      description="Output lengths: decode steps a request occupies a slot.")
     classes: list[RequestClass] | None = Field(
         default=None, description="A mixture of tenants/priorities; one anonymous class when omitted."
     )
     trace: Trace | None = Field(default=None, description="Replay a trace instead of synthetic traffic.")
+    num_sessions: PosInt | None = Field(
+        default=None, description="Draw each request's session id uniformly from this many sessions "
+        "(for `cluster.router: session_affinity`); every request is its own session when omitted."
+    )
 
     @model_validator(mode="after")
     def _bounded(self) -> Workload:
+        if self.trace is not None:
+            ignored = [k for k in ("arrival", "prompt_tokens", "output_tokens") if k in self.model_fields_set]
+            ignored += [f"classes.{i}.{k}" for i, c in enumerate(self.classes or [])
+                        for k in ("prompt_tokens", "output_tokens") if getattr(c, k) is not None]
+            if ignored:
+                raise ValueError(f"{', '.join(ignored)} would be ignored: a trace gives arrival times and "
+                                 "lengths; remove them or remove the trace")
         if self.trace is None and self.num_requests is None and self.duration_s is None:
             raise ValueError("set num_requests or duration_s, or the workload never ends")
         if self.trace is None and math.isinf(self.arrival.rate) and self.num_requests is None:
@@ -259,19 +274,83 @@ class Scheduler(_Model):
     )
 
 
-class Cluster(_Model):
-    """Replicas behind a router."""
+class ReplicaSpec(_Model):
+    """A group of alike replicas in a heterogeneous fleet.
 
-    replicas: PosInt = Field(default=1, description="Number of identical engines.")
-    router: Literal["round_robin", "random"] = Field(default="round_robin", description="Routing policy.")
+    A section given here (device, kv_cache, batching) replaces the scenario's section for these
+    replicas, whole: fields left out of it take their defaults. A section left out is the scenario's.
+    """
+
+    count: PosInt = Field(default=1, description="Replicas in this group.")
+    device: Device | None = Field(
+        default=None, description="This group's cost model, replacing the scenario's whole; the scenario's when omitted."
+    )
+    kv_cache: KVCache | None = Field(
+        default=None, description="This group's KV cache, replacing the scenario's whole; the scenario's when omitted."
+    )
+    batching: Batching | None = Field(
+        default=None, description="This group's batching, replacing the scenario's whole; the scenario's when omitted."
+    )
+
+
+LOAD_ROUTERS = ("least_outstanding", "least_kv", "power_of_two", "session_affinity")
+
+
+class Cluster(_Model):
+    """Replicas behind a router, and the admission control in front of them."""
+
+    replicas: PosInt = Field(
+        default=1, description="Number of engines; with replica_specs, the sum of their counts (may be omitted)."
+    )
+    replica_specs: list[ReplicaSpec] | None = Field(
+        default=None, min_length=1,
+        description="A heterogeneous fleet: groups of replicas, in index order, each overriding sections.",
+    )
+    router: Literal["round_robin", "random", "least_outstanding", "least_kv", "power_of_two",
+                    "session_affinity"] = Field(
+        default="round_robin",
+        description="round_robin; random; least_outstanding (fewest running + waiting); least_kv (lowest KV "
+        "usage fraction); power_of_two (two random replicas, the less outstanding); session_affinity (a "
+        "session sticks to the replica its first request went to, chosen by least_outstanding).",
+    )
+    signal_delay_ms: NonNegFloat = Field(
+        default=0.0, description="Load-reading routers see each replica's state as it was this long ago, ms."
+    )
+    max_in_flight: PosInt | None = Field(
+        default=None, description="Cap on requests in the cluster (waiting + running, all replicas); "
+        "arrivals beyond it are rejected (429, reason cluster_full)."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _count_from_specs(cls, data):
+        # The replica count is the specs' total, so everything that reads `replicas` reads the truth.
+        specs = data.get("replica_specs") if isinstance(data, dict) else None
+        if isinstance(specs, list) and "replicas" not in data:
+            counts = [s.get("count", 1) if isinstance(s, dict) else getattr(s, "count", None) for s in specs]
+            if all(isinstance(c, int) and c > 0 for c in counts):
+                data = {**data, "replicas": sum(counts)}
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Cluster:
+        if self.replica_specs is not None:
+            total = sum(s.count for s in self.replica_specs)
+            if self.replicas != total:
+                raise ValueError(f"replicas ({self.replicas}) disagrees with replica_specs, whose counts sum to "
+                                 f"{total}; remove replicas or set it to {total}")
+        if self.signal_delay_ms > 0 and self.router not in LOAD_ROUTERS:
+            raise ValueError(f"signal_delay_ms ({self.signal_delay_ms}) has no effect on router {self.router}, "
+                             f"which reads no load; remove it or use one of {', '.join(LOAD_ROUTERS)}")
+        return self
 
 
 class SLO(_Model):
     """Service-level objectives, for goodput (a request counts when it meets every one that is set)."""
 
-    ttft_ms: PosFloat | None = None
-    tpot_ms: PosFloat | None = None
-    e2el_ms: PosFloat | None = None
+    ttft_ms: PosFloat | None = Field(default=None, description="Time to first token at most this, ms.")
+    tpot_ms: PosFloat | None = Field(default=None, description="Time per output token at most this, ms.")
+    e2el_ms: PosFloat | None = Field(default=None, description="End-to-end latency at most this, ms.")
 
 
 class Sim(_Model):

@@ -7,6 +7,7 @@ until a request arrives or a batching timer falls due.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 
 import simpy
@@ -15,7 +16,7 @@ from simbatch.config import Scenario
 from simbatch.cost import blocks_for, peak_kv_tokens, step_time_s
 from simbatch.metrics.recorder import Recorder
 from simbatch.request import Request
-from simbatch.router import make_router
+from simbatch.router import Load, make_router, replica_scenarios
 from simbatch.schedulers import BaseScheduler, StepPlan, make_scheduler
 from simbatch.workload import WorkloadArrays
 
@@ -34,7 +35,13 @@ def rejection_reason(scenario: Scenario, prompt_tokens: int, output_tokens: int)
 
 
 class Replica:
-    """One engine: a scheduler, its KV cache, and the SimPy process that steps it."""
+    """One engine: a scheduler, its KV cache, and the SimPy process that steps it.
+
+    With ``sim.fast_forward`` the loop takes a run of identical steps (see
+    ``BaseScheduler.repeatable_steps``) as one timeout. An arrival at this replica during the run
+    cuts it at the end of the step in progress, which is exactly when a step-by-step engine would
+    first see the arrival: both modes record the same steps, events and state.
+    """
 
     def __init__(self, env: simpy.Environment, index: int, scenario: Scenario, recorder: Recorder,
                  tenant_names: tuple[str, ...], check_invariants: bool = False):
@@ -42,11 +49,15 @@ class Replica:
         self.index = index
         self.device = scenario.device
         self.swap_s_per_block = scenario.kv_cache.swap_ms_per_block / 1e3
+        self.fast_forward = scenario.sim.fast_forward
         self.scheduler: BaseScheduler = make_scheduler(scenario, tenant_names)
         self.recorder = recorder
         self.check = check_invariants
         self.step = 0
-        self._wake: simpy.Event | None = None
+        self._wake: simpy.Event | None = None  # set while sleeping or inside a run of steps
+        self._run_start_s = 0.0  # the run of steps in progress: start and step time
+        self._run_step_s = 0.0
+        self._run_offset = 0
         self.process = env.process(self._run())
 
     # ---------------------------------------------------------------- what the router sees
@@ -60,6 +71,10 @@ class Replica:
 
     @property
     def kv_blocks_used(self) -> int:
+        """Blocks in use now; inside a run of steps, as of the step in progress."""
+        if self._run_step_s > 0:
+            i = int((self.env.now - self._run_start_s) // self._run_step_s) + 1
+            return self.scheduler.kv_blocks_during(self._run_offset + i)
         return self.scheduler.kv_blocks_used
 
     # ---------------------------------------------------------------- inputs
@@ -98,19 +113,64 @@ class Replica:
                 sched.check_invariants()
             rec.waiting_change(now, plan.num_preempted - plan.num_admitted)
             duration = self.step_duration_s(plan)
-            num_running, num_waiting, kv_used = sched.num_running, sched.num_waiting, sched.kv_blocks_used
-            yield env.timeout(duration)
-            end = env.now
-            outcome = sched.finish_step(plan, end, self.step)
-            self.step += 1
-            shape = (duration, num_running, num_waiting, plan.batch_size, plan.decode_seqs,
-                     plan.prefill_tokens, plan.padded_tokens, outcome.itl_tokens, plan.num_preempted,
-                     plan.swap_blocks)
-            rec.steps(self.index, now, 1, shape, kv_used, contiguous)
+            num_running, num_waiting = sched.num_running, sched.num_waiting
+            k = sched.repeatable_steps(plan, self.step) if self.fast_forward else 1
+            if k == 1:
+                kv_sum = sched.kv_blocks_used
+                yield env.timeout(duration)
+                outcome = sched.finish_step(plan, env.now, self.step)
+                self._record(now, 1, plan, duration, num_running, num_waiting, outcome.itl_tokens, kv_sum,
+                             contiguous)
+                n = 1
+            else:
+                n, start = 0, now  # steps of this plan done so far; start of the part in progress
+                while n < k:
+                    m, cut = yield from self._run_of_steps(start, duration, n, k - n)
+                    self._record(start, m, plan, duration, num_running, num_waiting, plan.decode_seqs,
+                                 sched.kv_blocks_sum(n + m) - sched.kv_blocks_sum(n), contiguous)
+                    n, start, contiguous = n + m, start + m * duration, True
+                    if cut and not sched.plan_survives_arrivals():
+                        break
+                    # The arrival only lengthened WAITING: the same plan runs on, recorded anew.
+                    num_waiting = sched.num_waiting
+                outcome = sched.finish_steps(plan, n, env.now, self.step)
+            self.step += n
             rec.stall_gaps_s.extend(outcome.stall_gaps_s)
             for req in outcome.finished:
-                rec.finish(end, req)
+                rec.finish(env.now, req)
             contiguous = True
+
+    def _record(self, start_s: float, n: int, plan: StepPlan, duration: float, num_running: int,
+                num_waiting: int, itl_tokens: int, kv_sum: int, contiguous: bool) -> None:
+        shape = (duration, num_running, num_waiting, plan.batch_size, plan.decode_seqs, plan.prefill_tokens,
+                 plan.padded_tokens, itl_tokens, plan.num_preempted, plan.swap_blocks)
+        self.recorder.steps(self.index, start_s, n, shape, kv_sum, contiguous)
+
+    def _run_of_steps(self, start_s: float, step_s: float, offset: int, k: int):
+        """Hold the GPU for up to ``k`` steps of a run already ``offset`` steps in.
+
+        Returns (steps done, whether an arrival cut the run short).
+        """
+        env = self.env
+        self._wake = env.event()
+        self._run_start_s, self._run_step_s, self._run_offset = start_s, step_s, offset
+        yield self._wake | env.timeout(k * step_s)
+        n, cut = k, False
+        if self._wake.triggered and env.now < start_s + k * step_s:
+            # An arrival during step n: finish that step; the scheduler sees the arrival after it.
+            n, cut = min(int((env.now - start_s) // step_s) + 1, k), True
+            end_s = start_s + n * step_s
+            self._wake = None
+            if end_s > env.now:
+                yield env.timeout(end_s - env.now)
+        self._wake = None
+        self._run_step_s = 0.0
+        return n, cut
+
+    @property
+    def kv_blocks_total(self) -> int:
+        """Device KV blocks of this replica (a heterogeneous fleet's replicas differ)."""
+        return self.scheduler.kv.device.num_blocks
 
 
 class Engine:
@@ -122,15 +182,42 @@ class Engine:
         self.workload = workload
         self.env = simpy.Environment()
         self.recorder = Recorder(len(workload), scenario.cluster.replicas)
-        self.replicas = [Replica(self.env, i, scenario, self.recorder, workload.tenant_names, check_invariants)
-                         for i in range(scenario.cluster.replicas)]
-        self.router = make_router(scenario, self.replicas)
+        self.replica_scenarios = replica_scenarios(scenario)
+        self.replicas = [Replica(self.env, i, s, self.recorder, workload.tenant_names, check_invariants)
+                         for i, s in enumerate(self.replica_scenarios)]
+        self.router = make_router(scenario, workload.session)
         self.on_progress = on_progress
+        # With a signal delay, the router reads snapshots taken signal_delay_ms before each arrival.
+        self._views: deque[tuple[Load, ...]] | None = None
+        if scenario.cluster.signal_delay_ms > 0:
+            self._views = deque()
+            self.env.process(self._observe())  # first, so that it snapshots t <= 0 before any arrival
         self.env.process(self._arrivals())
 
+    def _observe(self):
+        """Snapshot every replica at each arrival time minus the signal delay.
+
+        The arrival times are known in advance, so the router's view of request i is the replicas'
+        state at exactly t_i - delay (before t = 0: the empty cluster), not an approximation
+        refreshed at some polling period. Cost: one event and one snapshot of N replicas per arrival.
+        """
+        env, delay_s = self.env, self.scenario.cluster.signal_delay_ms / 1e3
+        for t in self.workload.arrival_s.tolist():
+            if t - delay_s > env.now:
+                yield env.timeout(t - delay_s - env.now)
+            self._views.append(tuple(Load.of(r) for r in self.replicas))
+
     def _arrivals(self):
+        """Admit each request at its arrival instant: cluster cap, router, then the replica's checks.
+
+        Rejection reasons: ``cluster_full`` (``cluster.max_in_flight`` requests already in the
+        cluster; never routed), then, at the replica the router chose, ``never_fits`` or
+        ``prompt_exceeds_budget`` (see :func:`rejection_reason`) and ``queue_full``
+        (``scheduler.max_waiting``). A routed request records its replica even when rejected.
+        """
         env, wl, rec, sc = self.env, self.workload, self.recorder, self.scenario
-        max_waiting = sc.scheduler.max_waiting
+        max_waiting, max_in_flight = sc.scheduler.max_waiting, sc.cluster.max_in_flight
+        replicas, views = self.replicas, self._views
         arrival_s = wl.arrival_s.tolist()
         prompts, outputs = wl.prompt_tokens.tolist(), wl.output_tokens.tolist()
         tenants, priorities = wl.tenant.tolist(), wl.priority.tolist()
@@ -138,19 +225,24 @@ class Engine:
             if t > env.now:
                 yield env.timeout(t - env.now)
             now = env.now
-            reason = rejection_reason(sc, prompts[i], outputs[i])
+            if self.on_progress is not None and i % 1024 == 0:
+                self.on_progress(now, i)
+            view = replicas if views is None else views.popleft()
+            if max_in_flight is not None and \
+                    sum(r.num_running + r.num_waiting for r in replicas) >= max_in_flight:
+                rec.reject(now, i, "cluster_full")
+                continue
+            replica = replicas[self.router.route(i, view)]
+            rec.replica[i] = replica.index
+            reason = rejection_reason(self.replica_scenarios[replica.index], prompts[i], outputs[i])
+            if reason is None and max_waiting is not None and replica.num_waiting >= max_waiting:
+                reason = "queue_full"
             if reason is not None:
                 rec.reject(now, i, reason)
                 continue
-            replica = self.router.route(i)
-            if max_waiting is not None and replica.num_waiting >= max_waiting:
-                rec.reject(now, i, "queue_full")
-                continue
             rec.arrive(now, i)
             replica.submit(Request(i, t, prompts[i], outputs[i], tenants[i], priorities[i]))
-            if self.on_progress is not None and i % 1024 == 0:
-                self.on_progress(now, i)
-        for replica in self.replicas:
+        for replica in replicas:
             replica.close()
 
     def run(self) -> float:

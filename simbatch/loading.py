@@ -29,7 +29,9 @@ class Problem:
     col: int | None = None
 
     def __str__(self) -> str:
-        where = self.source if self.line is None else f"{self.source}:{self.line}:{self.col}"
+        where = self.source
+        if self.line is not None:
+            where += f":{self.line}" if self.col is None else f":{self.line}:{self.col}"
         return f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
 
 
@@ -148,11 +150,11 @@ def scenario_from_dict(data: Any, source: str = "<scenario>", marks: dict | None
                                     None if mark is None else mark.column + 1))
         raise ScenarioError(problems) from None
     scenario._base_dir = base_dir
-    _check_files(scenario, source)
+    _check_files(scenario, source, marks or {})
     return scenario
 
 
-def _check_files(scenario: Scenario, source: str) -> None:
+def _check_files(scenario: Scenario, source: str, marks: dict[tuple, yaml.Mark]) -> None:
     """Data files must exist before a run starts, not halfway through it."""
     problems = []
     wl = scenario.workload
@@ -167,7 +169,16 @@ def _check_files(scenario: Scenario, source: str) -> None:
         if getattr(dist, "dist", None) == "empirical" and not scenario.resolve(dist.path).is_file():
             problems.append(Problem(source, f"{where}.path", f"file not found: {scenario.resolve(dist.path)}"))
     if problems:
-        raise ScenarioError(problems)
+        located = [(p, _locate(tuple(p.path.split(".")), marks, False)) for p in problems]
+        raise ScenarioError([p if m is None else Problem(p.source, p.path, p.message, m.line + 1, m.column + 1)
+                             for p, m in located])
+
+
+def _from_command_line(problem: Problem, keys: list[str]) -> Problem:
+    """A problem with a value given by ``--set`` is reported against ``--set``, not a line of the file."""
+    if any(problem.path == k or problem.path.startswith(k + ".") for k in keys):
+        return Problem("--set", problem.path, problem.message)
+    return problem
 
 
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
@@ -190,6 +201,10 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
                                      None if mark is None else mark.line + 1,
                                      None if mark is None else mark.column + 1)]) from None
     marks = _marks(node) if node is not None else {}
-    if overrides:
-        data = apply_overrides(data if isinstance(data, dict) else {}, [parse_override(o) for o in overrides])
-    return scenario_from_dict(data, source, marks, base_dir=path.resolve().parent)
+    parsed = [parse_override(o) for o in overrides or []]
+    if parsed:
+        data = apply_overrides(data if isinstance(data, dict) else {}, parsed)
+    try:
+        return scenario_from_dict(data, source, marks, base_dir=path.resolve().parent)
+    except ScenarioError as exc:
+        raise ScenarioError([_from_command_line(p, [k for k, _ in parsed]) for p in exc.problems]) from None

@@ -30,7 +30,7 @@ N = 200_000  # draws per statistical check: tight tolerances, still milliseconds
 
 def scenario(tmp_path: Path | None = None, **workload) -> Scenario:
     """A validated scenario with this workload section; relative paths resolve against tmp_path."""
-    return scenario_from_dict({"workload": workload}, base_dir=tmp_path)
+    return scenario_from_dict({"workload": {"num_requests": 1, **workload}}, base_dir=tmp_path)
 
 
 def lengths(spec: dict, n: int = N, seed: int = 0, tmp_path: Path | None = None) -> np.ndarray:

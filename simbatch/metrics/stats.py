@@ -35,8 +35,11 @@ def weighted_mean_std(values: np.ndarray, weights: np.ndarray) -> tuple[float, f
     total = weights.sum()
     if total == 0:
         return math.nan, math.nan
-    mean = float((values * weights).sum() / total)
-    var = float((weights * (values - mean) ** 2).sum() / total)
+    # Shifting by one sample first makes a constant sample's spread exactly 0, not rounding noise.
+    shifted = values - values[0]
+    offset = float((shifted * weights).sum() / total)
+    mean = float(values[0]) + offset
+    var = float((weights * (shifted - offset) ** 2).sum() / total)
     return mean, math.sqrt(max(var, 0.0))
 
 

@@ -33,6 +33,10 @@ Queueing quantities, over admitted requests (arrived and not rejected):
 - ``mean_batch_size``: sequences per step, averaged over steps.
 - ``mean_kv_usage``: used / total device blocks, averaged over busy time.
 - ``num_preemptions``: total over the run.
+
+Cluster (definitions in :mod:`simbatch.metrics.cluster`): ``load_imbalance`` = max / mean over
+replicas of each replica's time-average number in system L_r; with more than one replica,
+``replica_{r}_output_throughput``, ``replica_{r}_utilization`` and ``replica_{r}_L`` for each r.
 """
 
 from __future__ import annotations
@@ -43,8 +47,10 @@ import numpy as np
 import pandas as pd
 
 from simbatch.config import Scenario
+from simbatch.metrics.cluster import cluster_summary
 from simbatch.metrics.recorder import FINISHED, REJECTED, RUN_COLUMNS, STATUS_NAMES, Recorder
 from simbatch.metrics.stats import describe_ms
+from simbatch.router import replica_scenarios
 from simbatch.workload import WorkloadArrays
 
 
@@ -63,6 +69,7 @@ def requests_frame(wl: WorkloadArrays, rec: Recorder) -> pd.DataFrame:
         "replica": rec.replica[idx],
         "tenant": pd.Categorical.from_codes(wl.tenant[idx], categories=list(wl.tenant_names)),
         "priority": wl.priority[idx],
+        "session": wl.session[idx],
         "arrival_s": arrival,
         "first_scheduled_s": rec.first_scheduled_s[idx],
         "first_token_s": first_token,
@@ -82,7 +89,8 @@ def requests_frame(wl: WorkloadArrays, rec: Recorder) -> pd.DataFrame:
 
 def iterations_frame(rec: Recorder) -> pd.DataFrame:
     frame = pd.DataFrame(rec.rows, columns=list(RUN_COLUMNS))
-    frame = frame.sort_values(["start_s", "replica"], kind="stable", ignore_index=True)
+    # Per replica, in time order: a total order that rounding cannot perturb (unlike time first).
+    frame = frame.sort_values(["replica", "start_s"], kind="stable", ignore_index=True)
     frame["kv_blocks_used"] = frame.pop("kv_blocks_sum") / frame["num_steps"]
     frame["end_s"] = frame["start_s"] + frame["num_steps"] * frame["duration_s"]
     return frame
@@ -144,8 +152,9 @@ def summarize(scenario: Scenario, requests: pd.DataFrame, iterations: pd.DataFra
     out["server_utilization"] = float(busy.sum() / (duration * replicas)) if duration > 0 else math.nan
     out["num_steps"] = int(steps.sum())
     out["mean_batch_size"] = float((iterations["batch_size"] * steps).sum() / steps.sum()) if steps.sum() else 0.0
-    kv_total = scenario.kv_cache.num_blocks
-    out["mean_kv_usage"] = float((iterations["kv_blocks_used"] * busy).sum() / busy.sum() / kv_total) \
+    kv_total = np.array([s.kv_cache.num_blocks for s in replica_scenarios(scenario)])[iterations["replica"]]
+    out["mean_kv_usage"] = float((iterations["kv_blocks_used"] / kv_total * busy).sum() / busy.sum()) \
         if busy.sum() else 0.0
     out["num_preemptions"] = int(requests["num_preemptions"].sum())
+    out |= cluster_summary(requests, iterations, duration, replicas)
     return out

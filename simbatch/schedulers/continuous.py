@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from simbatch.config import Scenario
 from simbatch.kv import KVCacheManager
 from simbatch.policies import WaitingQueue, victim_key, waiting_key
@@ -48,6 +50,10 @@ class ContinuousScheduler(BaseScheduler):
         # Planning state of the step being built.
         self._sched: dict[Request, int] = {}
         self._budget = 0
+        # Fast-forward: tokens each running request can still add before it needs another block.
+        self._slack = np.zeros(0, dtype=np.int64)
+        self._fifo = s.policy == "fcfs"
+        self._waiting_at_plan = 0
 
     # ---------------------------------------------------------------- planning
     def schedule(self, now: float) -> StepPlan | None:
@@ -55,15 +61,18 @@ class ContinuousScheduler(BaseScheduler):
             return None
         plan = StepPlan()
         self._sched, self._budget = {}, self.token_budget
-
-        for req in list(self.running):  # a snapshot: victims leave self.running mid-loop
-            if req.status is Status.RUNNING and not req.prefill_pending and self._reserve(req, 1, now, plan):
-                self._take(req, 1)
-        for req in list(self.running):
-            if req.status is Status.RUNNING and req.prefill_pending and req not in self._sched:
-                n = self._chunk(req)
-                if n and self._reserve(req, n, now, plan):
-                    self._take(req, n)
+        running = self.running
+        decoding = [r for r in running if not r.prefill_pending]
+        if decoding and not self._reserve_decodes(decoding):
+            for req in decoding:  # blocks are short: one at a time, preempting as needed
+                if req.status is Status.RUNNING and self._reserve(req, 1, now, plan):
+                    self._take(req, 1)
+        if len(decoding) < len(running):
+            for req in list(running):  # a snapshot: victims leave self.running mid-loop
+                if req.status is Status.RUNNING and req.prefill_pending and req not in self._sched:
+                    n = self._chunk(req)
+                    if n and self._reserve(req, n, now, plan):
+                        self._take(req, n)
         if not plan.num_preempted:
             self._admit_waiting(now, plan)
 
@@ -73,13 +82,31 @@ class ContinuousScheduler(BaseScheduler):
             self._preempt(max(self.running, key=self._victim_key), now, plan)
             return self._replan(now, plan)
 
-        for req, n in self._sched.items():
-            plan.scheduled.append((req, n))
+        plan.scheduled = list(self._sched.items())
+        for req, n in plan.scheduled:
             if req.prefill_pending:
                 plan.prefill_tokens += n
             else:
                 plan.decode_seqs += 1
         return plan
+
+    def _reserve_decodes(self, decoding: list[Request]) -> bool:
+        """Every decode's next block at once, if free blocks cover them all (the common case).
+
+        When they do, reserving one request at a time would succeed for each without preempting
+        anyone, so the outcome is the same; when they do not, nothing is taken and the caller goes
+        one request at a time.
+        """
+        bs = self.kv.block_size
+        extra = [(r.num_computed_tokens + bs) // bs - r.blocks for r in decoding]
+        if not self.kv.device.allocate(sum(e for e in extra if e > 0)):
+            return False
+        for req, e in zip(decoding, extra, strict=True):
+            if e > 0:
+                req.blocks += e
+        self._sched = dict.fromkeys(decoding, 1)
+        self._budget -= len(decoding)
+        return True
 
     def _replan(self, now: float, carried: StepPlan) -> StepPlan | None:
         plan = self.schedule(now)
@@ -166,17 +193,92 @@ class ContinuousScheduler(BaseScheduler):
         self._preempt(max(worse, key=self._victim_key), now, plan)
         return True
 
+    # ---------------------------------------------------------------- fast-forward
+    def repeatable_steps(self, plan: StepPlan, step: int) -> int:
+        """A pure-decode plan repeats until a request finishes or the next block cannot be had.
+
+        Nothing else can change it: admission was impossible at this plan and stays so (the running
+        set is fixed, free blocks only shrink, the budget left is constant, policy keys are static);
+        only an arrival can change WAITING, and the engine cuts the run when one comes.
+        """
+        running = self.running
+        if (plan.prefill_tokens or plan.num_admitted or plan.num_preempted or plan.swap_blocks
+                or plan.decode_seqs != len(running)):
+            return 1
+        k = min(r.output_tokens - r.num_generated for r in running)
+        if k <= 1:
+            return 1
+        previous = step - 1
+        for r in running:
+            if r.last_token_step != previous:
+                return 1
+        self._waiting_at_plan = len(self.waiting)
+        bs = self.kv.block_size
+        # Step j of the run computes token c + j; the reserved blocks hold `slack` of them.
+        self._slack = np.fromiter((r.blocks * bs - r.num_computed_tokens for r in running), np.int64,
+                                  len(running))
+        free = self.kv.device.num_free
+        if self._extra_blocks(k) <= free:
+            return k
+        lo, hi = 1, k  # step lo is feasible, step hi is not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self._extra_blocks(mid) <= free else (lo, mid)
+        return lo
+
+    def plan_survives_arrivals(self) -> bool:
+        """New arrivals cannot be admitted mid-run when every slot is taken, or, under FCFS, when an
+        older request already waits at the head (it could not be admitted and, with blocks only
+        shrinking, still cannot). Priority may evict for a newcomer, so it always replans."""
+        if self.evicts_for_priority:
+            return False
+        return len(self.running) >= self.max_num_seqs or (self._fifo and self._waiting_at_plan > 0)
+
+    def _extra_blocks(self, j: int) -> int:
+        """Blocks beyond the current reservation that the running set holds during step j of the run."""
+        return int(np.maximum(0, -((self._slack - j) // self.kv.block_size)).sum())
+
+    def kv_blocks_during(self, i: int) -> int:
+        return self.kv.device.num_used + self._extra_blocks(i)
+
+    def kv_blocks_sum(self, n: int) -> int:
+        # sum_{i=1..n} ceil(max(0, i - s) / bs) = G(n - s) with G(x) = sum_{i=1..x} ceil(i / bs).
+        bs = self.kv.block_size
+        x = np.maximum(0, n - self._slack)
+        q, rem = np.divmod(x, bs)
+        extra = int((bs * q * (q + 1) // 2 + rem * (q + 1)).sum())
+        return n * self.kv.device.num_used + extra
+
+    def finish_steps(self, plan: StepPlan, n: int, end_s: float, step: int) -> StepOutcome:
+        if n == 1:
+            return self.finish_step(plan, end_s, step)
+        outcome = StepOutcome([], n * plan.decode_seqs, [])
+        last = step + n - 1
+        for req in self.running:
+            req.num_computed_tokens += n
+            req.num_generated += n
+            req.last_token_s = end_s
+            req.last_token_step = last
+            self.kv.grow(req, req.num_computed_tokens)
+            if req.done:
+                self._retire(req, end_s)
+                outcome.finished.append(req)
+        if outcome.finished:
+            self.running = [r for r in self.running if r.status is Status.RUNNING]
+        return outcome
+
     # ---------------------------------------------------------------- execution
     def finish_step(self, plan: StepPlan, end_s: float, step: int) -> StepOutcome:
         outcome = StepOutcome([], 0, [])
         for req, n in plan.scheduled:
             req.num_computed_tokens += n
-            if req.num_computed_tokens == req.num_tokens:
-                req.prefill_pending = False
-                self._emit_token(req, end_s, step, outcome)
-                if req.done:
-                    self._retire(req, end_s)
-                    outcome.finished.append(req)
+            if req.num_computed_tokens < req.prompt_tokens + req.num_generated:
+                continue  # a prefill chunk with more to come
+            req.prefill_pending = False
+            self._emit_token(req, end_s, step, outcome)
+            if req.num_generated >= req.output_tokens:
+                self._retire(req, end_s)
+                outcome.finished.append(req)
         if outcome.finished:
             self.running = [r for r in self.running if r.status is Status.RUNNING]
         return outcome

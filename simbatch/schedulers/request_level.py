@@ -125,6 +125,36 @@ class RequestLevelScheduler(BaseScheduler):
                 plan.padded_decode_seqs += 1
         return plan
 
+    # ---------------------------------------------------------------- fast-forward
+    def repeatable_steps(self, plan: StepPlan, step: int) -> int:
+        """A batch's decode steps repeat until its next request finishes; memory is reserved up front."""
+        if not self._prefilled:
+            return 1
+        return min(r.output_tokens - r.num_generated for r in self.running)
+
+    def plan_survives_arrivals(self) -> bool:
+        return True  # a running batch's membership is frozen
+
+    def finish_steps(self, plan: StepPlan, n: int, end_s: float, step: int) -> StepOutcome:
+        if n == 1:
+            return self.finish_step(plan, end_s, step)
+        outcome = StepOutcome([], n * plan.decode_seqs, [])
+        for req in self.running:
+            req.num_computed_tokens += n
+            req.num_generated += n
+            req.last_token_s = end_s
+            req.last_token_step = step + n - 1
+            if req.done:
+                req.status = Status.FINISHED
+                req.finish_s = end_s
+                self.waiting.on_release(req)
+                outcome.finished.append(req)
+        if outcome.finished:
+            self.running = [r for r in self.running if r.status is Status.RUNNING]
+        if not self.running:
+            self._end_batch()
+        return outcome
+
     # ---------------------------------------------------------------- execution
     def finish_step(self, plan: StepPlan, end_s: float, step: int) -> StepOutcome:
         outcome = StepOutcome([], 0, [])
@@ -141,12 +171,15 @@ class RequestLevelScheduler(BaseScheduler):
         if outcome.finished:
             self.running = [r for r in self.running if r.status is Status.RUNNING]
         if not self.running:
-            # The longest request is done: the batch ends and its slots and memory come back.
-            self.kv.device.free(self._batch_blocks)
-            for req in self.batch:
-                req.blocks = 0
-            self.batch = []
+            self._end_batch()
         return outcome
+
+    def _end_batch(self) -> None:
+        """The longest request is done: the batch ends and its slots and memory come back."""
+        self.kv.device.free(self._batch_blocks)
+        for req in self.batch:
+            req.blocks = 0
+        self.batch = []
 
     def _block_holders(self) -> list[Request]:
         return self.batch  # done requests keep their slot's memory until the batch ends

@@ -1,0 +1,52 @@
+"""The benchmark workloads, as scenarios.
+
+A 7B-class device on one GPU: streaming ~14 GB of fp16 weights takes tau0 ~ 8 ms; each decoding
+sequence reads its KV cache (~0.5 MB per token of context, ~1,300 tokens) for beta ~ 0.3 ms; a
+prompt token costs ~14 GFLOP, ~0.09 ms at half of an A100's peak. 8,192 blocks of 16 tokens
+(~131 k tokens of KV), up to 256 running sequences and a 2,048-token budget with chunked prefill.
+
+Traffic looks like the public conversation traces: lognormal prompts (mean 1,155 tokens) and
+heavy-tailed lognormal outputs (mean 211, capped at 1,000), Poisson arrivals.
+"""
+
+from __future__ import annotations
+
+from simbatch.config import Scenario
+
+STABLE_RATE = 4.0  # req/s: utilization ~0.70 by the stability check (see `describe`)
+
+
+def conversation(num_requests: int, rate: float = STABLE_RATE, output_scale: float = 1.0,
+                 mode: str = "continuous", fast_forward: bool = True) -> Scenario:
+    return Scenario.model_validate({
+        "name": "bench-conversation",
+        "seed": 1,
+        "workload": {
+            "num_requests": num_requests,
+            "arrival": {"process": "poisson", "rate": rate},
+            "prompt_tokens": {"dist": "lognormal", "mean": 1155, "sigma": 0.9, "max": 8192},
+            "output_tokens": {"dist": "lognormal", "mean": 211 * output_scale, "sigma": 1.0,
+                              "max": int(1000 * output_scale)},
+        },
+        "device": {"tau0_ms": 8.0, "beta_ms": 0.3, "prefill_ms_per_token": 0.09},
+        "kv_cache": {"block_size": 16, "num_blocks": 8192},
+        "batching": {"mode": mode, "max_num_seqs": 256, "max_num_batched_tokens": 2048,
+                     "enable_chunked_prefill": True},
+        "sim": {"fast_forward": fast_forward},
+    })
+
+
+# name -> (description, scenario factory, target seconds or None)
+CASES = {
+    "B1": ("10k requests, stable load (rho ~0.7), continuous + chunked prefill",
+           lambda: conversation(10_000), 1.0),
+    "B1-reference": ("B1 stepping one iteration at a time (sim.fast_forward: false)",
+                     lambda: conversation(10_000, fast_forward=False), None),
+    "B1-static": ("B1's workload under static batching", lambda: conversation(10_000, mode="static"), None),
+    "B1-dynamic": ("B1's workload under dynamic batching", lambda: conversation(10_000, mode="dynamic"), None),
+    "B2": ("1M requests, stable load", lambda: conversation(1_000_000), 60.0),
+    "B3": ("10k requests, oversubscribed 5x (queue of thousands)",
+           lambda: conversation(10_000, rate=STABLE_RATE * 5 / 0.70), None),
+    "B4": ("B1 with every output length doubled (rate halved: same utilization)",
+           lambda: conversation(10_000, rate=STABLE_RATE / 2, output_scale=2.0), None),
+}
