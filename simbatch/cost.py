@@ -15,7 +15,8 @@ All times here are in seconds unless a name says ``_ms``; the scenario speaks mi
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 from simbatch.config import Device
 
@@ -82,7 +83,7 @@ class Stability:
     def verdict(self) -> str:
         if self.stable:
             return f"stable (utilization {self.utilization:.0%})"
-        return (f"oversubscribed {self.utilization:.1f}x: the waiting queue grows without bound; "
+        return (f"oversubscribed {self.utilization:.1f}×: the waiting queue grows without bound; "
                 "add replicas, make tokens cheaper, or shed load")
 
 
@@ -111,4 +112,34 @@ def stability(device: Device, batch_size: int, arrival_rate: float, mean_output_
         unloaded_latency_s=unloaded,
         demanded_concurrency=arrival_rate * unloaded,
         replicas=replicas,
+    )
+
+
+def fleet_stability(replicas: Sequence[tuple[Device, int]], arrival_rate: float, mean_output_tokens: float,
+                    mean_prompt_tokens: float = 0.0) -> Stability:
+    """:func:`stability` for a fleet, one ``(device, batch_size)`` per replica, alike or not.
+
+    Capacities add: the fleet serves the sum of its replicas' requests/s, and its utilization is
+    lambda over that sum. That is every replica's utilization when the router splits traffic in
+    proportion to capacity, the best split there is: at rho >= 1 no router keeps up. For a mixed
+    fleet ``batch_size`` is the mean of the replicas' slots, and the unloaded latency the mean of
+    theirs weighted by that traffic share. Alike replicas give exactly ``stability(..., replicas=N)``.
+    """
+    device, batch_size = replicas[0]
+    if all(d == device and b == batch_size for d, b in replicas):
+        return stability(device, batch_size, arrival_rate, mean_output_tokens, mean_prompt_tokens,
+                         replicas=len(replicas))
+    each = [stability(d, b, arrival_rate, mean_output_tokens, mean_prompt_tokens) for d, b in replicas]
+    capacity = sum(s.capacity_requests_per_s for s in each)
+    share = [1 / len(each) if math.isinf(capacity) else s.capacity_requests_per_s / capacity for s in each]
+    unloaded = sum(w * s.unloaded_latency_s for w, s in zip(share, each, strict=True))
+    return replace(
+        each[0],
+        batch_size=sum(b for _, b in replicas) / len(replicas),
+        capacity_tokens_per_s=sum(s.capacity_tokens_per_s for s in each),
+        utilization=arrival_rate / capacity,
+        capacity_requests_per_s=capacity,
+        unloaded_latency_s=unloaded,
+        demanded_concurrency=arrival_rate * unloaded,
+        replicas=len(replicas),
     )

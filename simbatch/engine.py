@@ -7,6 +7,7 @@ until a request arrives or a batching timer falls due.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 
@@ -58,6 +59,8 @@ class Replica:
         self._run_start_s = 0.0  # the run of steps in progress: start and step time
         self._run_step_s = 0.0
         self._run_offset = 0
+        # When the engine can say when the next request arrives here, runs end there by themselves.
+        self.next_arrival_s: Callable[[], float] | None = None
         self.process = env.process(self._run())
 
     # ---------------------------------------------------------------- what the router sees
@@ -152,8 +155,15 @@ class Replica:
         Returns (steps done, whether an arrival cut the run short).
         """
         env = self.env
-        self._wake = env.event()
         self._run_start_s, self._run_step_s, self._run_offset = start_s, step_s, offset
+        if self.next_arrival_s is not None:
+            # The step during which the next request arrives is the last one before it is seen.
+            t_next = self.next_arrival_s()
+            n = min(int((t_next - start_s) // step_s) + 1, k) if t_next < start_s + k * step_s else k
+            yield env.timeout(n * step_s)
+            self._run_step_s = 0.0
+            return n, n < k or t_next < start_s + k * step_s
+        self._wake = env.event()
         yield self._wake | env.timeout(k * step_s)
         n, cut = k, False
         if self._wake.triggered and env.now < start_s + k * step_s:
@@ -192,6 +202,11 @@ class Engine:
         if scenario.cluster.signal_delay_ms > 0:
             self._views = deque()
             self.env.process(self._observe())  # first, so that it snapshots t <= 0 before any arrival
+        self._next_arrival = 0  # index of the next request the arrival process will bring
+        if len(self.replicas) == 1:
+            # Every request comes to the one replica: its runs of steps can stop where the next
+            # arrival will be seen, instead of being woken and cut.
+            self.replicas[0].next_arrival_s = self._next_arrival_s
         self.env.process(self._arrivals())
 
     def _observe(self):
@@ -222,6 +237,7 @@ class Engine:
         prompts, outputs = wl.prompt_tokens.tolist(), wl.output_tokens.tolist()
         tenants, priorities = wl.tenant.tolist(), wl.priority.tolist()
         for i, t in enumerate(arrival_s):
+            self._next_arrival = i
             if t > env.now:
                 yield env.timeout(t - env.now)
             now = env.now
@@ -242,8 +258,13 @@ class Engine:
                 continue
             rec.arrive(now, i)
             replica.submit(Request(i, t, prompts[i], outputs[i], tenants[i], priorities[i]))
+        self._next_arrival = len(arrival_s)
         for replica in replicas:
             replica.close()
+
+    def _next_arrival_s(self) -> float:
+        i = self._next_arrival
+        return self.workload.arrival_s[i] if i < len(self.workload) else math.inf
 
     def run(self) -> float:
         """Run to the end (drained, or ``sim.max_time_s``); returns the end time of the run, s."""

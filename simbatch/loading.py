@@ -58,19 +58,31 @@ def parse_override(item: str) -> tuple[str, Any]:
 
 
 def apply_overrides(data: dict, overrides: list[tuple[str, Any]]) -> dict:
-    """A copy of ``data`` with each dotted key set, creating intermediate mappings as needed."""
+    """A copy of ``data`` with each dotted key set, creating intermediate mappings as needed.
+
+    A numeric part indexes a list: ``workload.classes.0.share=2``.
+    """
     out = copy.deepcopy(data)
     for key, value in overrides:
-        node = out
+        node: Any = out
         parts = key.split(".")
-        for part in parts[:-1]:
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                raise ScenarioError([Problem("--set", key, f"{part!r} is not a mapping, cannot set below it")])
-            node = child
-        node[parts[-1]] = value
+        for depth, part in enumerate(parts):
+            last = depth == len(parts) - 1
+            if isinstance(node, list):
+                if not part.isdigit() or int(part) >= len(node):
+                    where = ".".join(parts[:depth])
+                    raise ScenarioError([Problem("--set", key, f"{where!r} is a list of {len(node)}; "
+                                                              f"use an index from 0 to {len(node) - 1}")])
+                part = int(part)
+            elif not isinstance(node, dict):
+                where = ".".join(parts[:depth])
+                raise ScenarioError([Problem("--set", key, f"{where!r} is not a mapping, cannot set below it")])
+            if last:
+                node[part] = value
+            else:
+                if isinstance(node, dict) and node.get(part) is None:
+                    node[part] = {}
+                node = node[part]
     return out
 
 

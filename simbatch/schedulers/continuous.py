@@ -82,6 +82,8 @@ class ContinuousScheduler(BaseScheduler):
             self._preempt(max(self.running, key=self._victim_key), now, plan)
             return self._replan(now, plan)
 
+        if not self._sched:
+            return None  # nothing admissible; the arrival checks make this unreachable with an idle engine
         plan.scheduled = list(self._sched.items())
         for req, n in plan.scheduled:
             if req.prefill_pending:
@@ -205,18 +207,20 @@ class ContinuousScheduler(BaseScheduler):
         if (plan.prefill_tokens or plan.num_admitted or plan.num_preempted or plan.swap_blocks
                 or plan.decode_seqs != len(running)):
             return 1
-        k = min(r.output_tokens - r.num_generated for r in running)
-        if k <= 1:
-            return 1
         previous = step - 1
+        k = running[0].output_tokens
         for r in running:
             if r.last_token_step != previous:
                 return 1
+            left = r.output_tokens - r.num_generated
+            if left < k:
+                k = left
+        if k <= 1:
+            return 1
         self._waiting_at_plan = len(self.waiting)
         bs = self.kv.block_size
         # Step j of the run computes token c + j; the reserved blocks hold `slack` of them.
-        self._slack = np.fromiter((r.blocks * bs - r.num_computed_tokens for r in running), np.int64,
-                                  len(running))
+        self._slack = np.array([r.blocks * bs - r.num_computed_tokens for r in running], dtype=np.int64)
         free = self.kv.device.num_free
         if self._extra_blocks(k) <= free:
             return k
@@ -243,24 +247,33 @@ class ContinuousScheduler(BaseScheduler):
 
     def kv_blocks_sum(self, n: int) -> int:
         # sum_{i=1..n} ceil(max(0, i - s) / bs) = G(n - s) with G(x) = sum_{i=1..x} ceil(i / bs).
+        if n == 0:
+            return 0
         bs = self.kv.block_size
-        x = np.maximum(0, n - self._slack)
-        q, rem = np.divmod(x, bs)
-        extra = int((bs * q * (q + 1) // 2 + rem * (q + 1)).sum())
+        x = n - self._slack
+        np.maximum(x, 0, out=x)
+        q = x // bs
+        extra = int((bs * q * (q + 1) // 2 + (x - q * bs) * (q + 1)).sum())
         return n * self.kv.device.num_used + extra
 
     def finish_steps(self, plan: StepPlan, n: int, end_s: float, step: int) -> StepOutcome:
         if n == 1:
             return self.finish_step(plan, end_s, step)
         outcome = StepOutcome([], n * plan.decode_seqs, [])
-        last = step + n - 1
+        last, bs = step + n - 1, self.kv.block_size
+        grown = 0  # blocks taken during the run: repeatable_steps checked that they were free
         for req in self.running:
             req.num_computed_tokens += n
             req.num_generated += n
             req.last_token_s = end_s
             req.last_token_step = last
-            self.kv.grow(req, req.num_computed_tokens)
-            if req.done:
+            blocks = (req.num_computed_tokens + bs - 1) // bs
+            grown += blocks - req.blocks
+            req.blocks = blocks
+        taken = self.kv.device.allocate(grown)
+        assert taken, "a run of steps took blocks that were not free"
+        for req in self.running:
+            if req.num_generated >= req.output_tokens:
                 self._retire(req, end_s)
                 outcome.finished.append(req)
         if outcome.finished:

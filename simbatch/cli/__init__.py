@@ -1,0 +1,45 @@
+"""The ``simbatch`` command.
+
+    simbatch run SCENARIO.yaml        simulate, print the tables, write a result folder
+    simbatch compare SCENARIO.yaml    the same requests under several batching modes
+    simbatch validate SCENARIO.yaml   check a scenario without running it
+    simbatch schema                   the scenario JSON Schema
+    simbatch capacity [SCENARIO.yaml] the analytic throughput model
+    simbatch sweep SCENARIO.yaml      a grid of parameters x replications, locally or on Dask
+    simbatch capacity-search ...      the highest arrival rate that meets the SLOs
+
+Each command lives in its own module; this one only assembles them.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from simbatch import __version__
+from simbatch.cli.capacity import capacity
+from simbatch.cli.inspect import schema, validate
+from simbatch.cli.run import compare, run
+from simbatch.cli_sweep import register as register_sweep
+
+app = typer.Typer(
+    name="simbatch",
+    help="Simulate how an LLM inference server batches and schedules requests.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+for command in (run, compare, validate, schema, capacity):
+    app.command()(command)
+register_sweep(app)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"simbatch {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                      help="Print the version and exit.")) -> None:
+    """Simulate how an LLM inference server batches and schedules requests."""

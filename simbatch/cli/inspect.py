@@ -1,0 +1,29 @@
+"""``simbatch validate`` and ``simbatch schema``: check a scenario without running it; describe them all."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from simbatch.cli.common import reports_bad_input
+from simbatch.cli.run import SCENARIO_ARG, SET_OPT
+from simbatch.config import Scenario
+from simbatch.loading import load_scenario
+from simbatch.simulation import expected_stability
+from simbatch.workload import generate
+
+
+@reports_bad_input
+def validate(scenario_file: Path = SCENARIO_ARG, sets: list[str] = SET_OPT) -> None:
+    """Check a scenario, and the data files it reads, without simulating it."""
+    scenario = load_scenario(scenario_file, sets)
+    workload = generate(scenario)  # reads and checks traces and length files row by row
+    st = expected_stability(scenario, workload)
+    typer.echo(f"{scenario_file}: OK: {len(workload):,} requests, {scenario.batching.mode} batching; {st.verdict}")
+
+
+def schema() -> None:
+    """Print the JSON Schema of a scenario file (point your editor's YAML support at it)."""
+    typer.echo(json.dumps(Scenario.model_json_schema(), indent=2))

@@ -1,0 +1,66 @@
+"""Plots of a simulation's frames, for a result folder or a notebook.
+
+Every plot is a function from frames to a matplotlib ``Figure`` (no pyplot state; see
+:mod:`simbatch.plots.figure`), taking a mapping ``label -> frames`` so that one run and a
+comparison of modes are drawn by the same code. ``save_run_plots`` and ``save_compare_plots`` write
+the standard sets as PNG files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from simbatch.config import Scenario
+from simbatch.plots.figure import Frames, Run, save_figure
+from simbatch.plots.latency import e2e_histogram, latency_by_request, ttft_cdf
+from simbatch.plots.timeseries import (
+    batch_size,
+    cumulative_output_tokens,
+    kv_usage,
+    output_throughput,
+    running_waiting,
+)
+from simbatch.router import replica_scenarios
+from simbatch.simulation import Result
+
+__all__ = ["Frames", "Run", "batch_size", "cumulative_output_tokens", "e2e_histogram", "kv_usage",
+           "latency_by_request", "output_throughput", "running_waiting", "save_compare_plots", "save_figure",
+           "save_run_plots", "ttft_cdf"]
+
+
+def _fleet(scenario: Scenario) -> tuple[int, int]:
+    """(running slots, device KV blocks), summed over every replica of the fleet."""
+    fleet = replica_scenarios(scenario)
+    return sum(s.batching.max_num_seqs for s in fleet), sum(s.kv_cache.num_blocks for s in fleet)
+
+
+def save_run_plots(folder: Path, result: Result) -> list[Path]:
+    """The six plots of one run, as ``folder/<name>.png``."""
+    sc, st = result.scenario, result.stability
+    runs = {sc.batching.mode: result}
+    slots, blocks = _fleet(sc)
+    figures = {
+        "output_throughput": output_throughput(runs, capacity_tokens_per_s=st.capacity_tokens_per_s,
+                                               offered_tokens_per_s=st.offered_tokens_per_s),
+        "running_waiting": running_waiting(runs, slots=slots),
+        "kv_usage": kv_usage(runs, num_blocks=blocks),
+        "batch_size": batch_size(runs, max_num_seqs=slots),
+        "ttft_cdf": ttft_cdf(runs, slo_ttft_ms=sc.slo.ttft_ms),
+        "e2e_histogram": e2e_histogram(runs, unloaded_latency_s=st.unloaded_latency_s),
+    }
+    return [save_figure(fig, folder / f"{name}.png") for name, fig in figures.items()]
+
+
+def save_compare_plots(folder: Path, results: Mapping[str, Result]) -> list[Path]:
+    """The overlay plots of one scenario under several modes, as ``folder/<name>.png``."""
+    sc = next(iter(results.values())).scenario
+    slots, _ = _fleet(sc)
+    figures = {
+        "batch_size": batch_size(results, max_num_seqs=slots),
+        "cumulative_output_tokens": cumulative_output_tokens(results),
+        "running_waiting": running_waiting(results, slots=slots),
+        "ttft_cdf": ttft_cdf(results, slo_ttft_ms=sc.slo.ttft_ms),
+        "latency_by_request": latency_by_request(results),
+    }
+    return [save_figure(fig, folder / f"{name}.png") for name, fig in figures.items()]

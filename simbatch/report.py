@@ -1,0 +1,204 @@
+"""Text reports: the tables ``simbatch`` prints.
+
+The result table follows ``vllm bench serve``'s layout and wording (a 40-column label, the value
+after it), so a simulated run reads like a benchmark of a real server and the two can be set side
+by side. Every number is taken from the summary (see :mod:`simbatch.metrics.summary` for the
+definitions) or from :mod:`simbatch.cost`; nothing is recomputed here except two per-frame
+aggregates defined below (padded share and per-tenant latency).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+
+from simbatch.config import Device
+from simbatch.cost import Stability, batch_for_fraction, decode_throughput, roofline_tokens_per_s, step_time_s
+from simbatch.metrics.stats import describe_ms
+
+WIDTH = 50
+_LABEL = 40
+
+
+def _title(text: str, fill: str = "-") -> str:
+    return f"{' ' + text + ' ' if text else '':{fill}^{WIDTH}}"
+
+
+def _fmt(value: float | int | None, digits: int = 2) -> str:
+    if value is None or isinstance(value, float) and math.isnan(value):
+        return "n/a"
+    if isinstance(value, int | np.integer):
+        return f"{value:,}"
+    return f"{value:,.{digits}f}"
+
+
+def _row(label: str, value: float | int | None, digits: int = 2) -> str:
+    return f"{label:<{_LABEL}} {_fmt(value, digits)}"
+
+
+_LATENCY_BLOCKS = (("ttft", "TTFT", "Time to First Token"),
+                   ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
+                   ("itl", "ITL", "Inter-token Latency"),
+                   ("e2el", "E2EL", "End-to-end Latency"))
+
+
+def result_table(summary: Mapping) -> str:
+    """The ``vllm bench serve`` result block, plus the simulator's queueing figures."""
+    lines = [_title("Serving Benchmark Result", "="),
+             _row("Successful requests:", summary["completed"]),
+             _row("Rejected requests:", summary["rejected"])]
+    if summary["unfinished"]:
+        lines.append(_row("Unfinished requests (clock stopped):", summary["unfinished"]))
+    lines += [_row("Benchmark duration (s):", summary["duration"]),
+              _row("Total input tokens:", summary["total_input_tokens"]),
+              _row("Total generated tokens:", summary["total_output_tokens"]),
+              _row("Request throughput (req/s):", summary["request_throughput"]),
+              _row("Output token throughput (tok/s):", summary["output_throughput"]),
+              _row("Total Token throughput (tok/s):", summary["total_token_throughput"])]
+    if "request_goodput" in summary:
+        lines.append(_row("Request goodput (req/s):", summary["request_goodput"]))
+    for key, short, title in _LATENCY_BLOCKS:
+        lines.append(_title(title))
+        lines += [_row(f"{stat} {short} (ms):", summary[f"{prefix}_{key}_ms"])
+                  for stat, prefix in (("Mean", "mean"), ("Median", "median"), ("P99", "p99"))]
+    lines += [_title("Engine"),
+              _row("Mean batch size (seqs/step):", summary["mean_batch_size"]),
+              _row("Mean KV cache usage (%):", 100 * summary["mean_kv_usage"], 1),
+              _row("Server utilization (%):", 100 * summary["server_utilization"], 1),
+              _row("Preemptions:", summary["num_preemptions"]),
+              _row("Mean queue time Wq (s):", summary["Wq_s"]),
+              "=" * WIDTH]
+    return "\n".join(lines)
+
+
+def stability_block(st: Stability) -> str:
+    """The check to run before any simulation: can this device carry this traffic at all?"""
+    per = "" if st.replicas == 1 else f"{st.replicas} × "
+    slots = st.batch_size * st.replicas  # a mixed fleet's batch_size is its mean slot count
+    lines = [_title("Stability check", "="),
+             _row("Arrival rate λ (req/s):", st.arrival_rate),
+             _row("Mean output tokens E[out]:", st.mean_output_tokens, 1),
+             _row("Offered token load λ·E[out] (tok/s):", st.offered_tokens_per_s),
+             _row(f"Capacity {per}B/τ(B) at B = {st.batch_size:g} (tok/s):", st.capacity_tokens_per_s),
+             _row("Utilization ρ:", st.utilization),
+             f"Verdict: {st.verdict}",
+             _title("Concurrency (Little's law)"),
+             _row("Unloaded latency W₀ (s):", st.unloaded_latency_s),
+             _row("Concurrency demanded L = λ·W₀:", st.demanded_concurrency, 1),
+             _row(f"Slots available ({st.batch_size:g} × {st.replicas} replica{'s' * (st.replicas > 1)}):",
+                  round(slots))]
+    excess = st.demanded_concurrency - slots
+    if excess > 0:
+        lines.append(f"Traffic needs {excess:,.0f} more requests resident than there are slots: "
+                     "they wait, so W (and L) exceed the unloaded figures.")
+    lines.append("=" * WIDTH)
+    return "\n".join(lines)
+
+
+def littles_law_line(summary: Mapping) -> str:
+    """L measured from the engine's state against λ·W from the request rows."""
+    lam_w = summary["arrival_rate"] * summary["W_s"]
+    return (f"L (time-averaged, from engine state) = {_fmt(summary['L'])}; λ·W (from request rows) = "
+            f"{_fmt(lam_w)}; difference {_fmt(100 * summary['littles_law_rel_error'], 4)} %")
+
+
+def tenant_table(requests: pd.DataFrame) -> str:
+    """Latency per tenant (finished requests), or "" when there is one tenant only."""
+    tenants = requests["tenant"].cat.categories
+    if len(tenants) < 2:
+        return ""
+    head = f"{'Tenant':<16}{'prio':>5}{'done':>7}{'rejected':>9}{'mean TTFT':>12}{'p99 TTFT':>12}{'mean E2EL':>12}"
+    lines = [_title("Per tenant (ms)"), head]
+    for tenant in tenants:
+        rows = requests[requests["tenant"] == tenant]
+        done = rows[rows["status"] == "finished"]
+        ttft, e2el = describe_ms("ttft", done["ttft_s"].to_numpy()), describe_ms("e2el", done["e2e_s"].to_numpy())
+        priority = ",".join(str(p) for p in sorted(rows["priority"].unique()))
+        lines.append(f"{str(tenant)[:15]:<16}{priority:>5}{len(done):>7}{int((rows['status'] == 'rejected').sum()):>9}"
+                     f"{_fmt(ttft['mean_ttft_ms'], 0):>12}{_fmt(ttft['p99_ttft_ms'], 0):>12}"
+                     f"{_fmt(e2el['mean_e2el_ms'], 0):>12}")
+    return "\n".join(lines)
+
+
+def rejections_line(requests: pd.DataFrame) -> str:
+    """How many requests were turned away, by reason (see ``reason`` in requests.csv); "" if none."""
+    reasons = requests.loc[requests["status"] == "rejected", "reason"].value_counts()
+    return "Rejected by reason: " + ", ".join(f"{r} {n:,}" for r, n in reasons.items()) if len(reasons) else ""
+
+
+def padded_share(iterations: pd.DataFrame) -> float:
+    """Share of computed tokens that were padding: pad tokens / (decode + prefill + pad tokens).
+
+    Only request-level batching pads (idle slots of finished requests, prompts padded to the
+    longest); every padded token costs device time like a real one.
+    """
+    steps = iterations["num_steps"]
+    padded = (iterations["padded_tokens"] * steps).sum()
+    total = ((iterations["decode_tokens"] + iterations["prefill_tokens"]) * steps).sum() + padded
+    return float(padded / total) if total else 0.0
+
+
+# (label, summary key or callable on the Result-like run, digits)
+_COMPARE_ROWS = (
+    ("Successful requests", "completed", 0),
+    ("Rejected requests", "rejected", 0),
+    ("Benchmark duration (s)", "duration", 2),
+    ("Request throughput (req/s)", "request_throughput", 2),
+    ("Output token throughput (tok/s)", "output_throughput", 1),
+    ("Total Token throughput (tok/s)", "total_token_throughput", 1),
+    ("Request goodput (req/s)", "request_goodput", 2),
+    ("Mean TTFT (ms)", "mean_ttft_ms", 1),
+    ("P99 TTFT (ms)", "p99_ttft_ms", 1),
+    ("Mean TPOT (ms)", "mean_tpot_ms", 2),
+    ("P99 TPOT (ms)", "p99_tpot_ms", 2),
+    ("Mean ITL (ms)", "mean_itl_ms", 2),
+    ("P99 ITL (ms)", "p99_itl_ms", 2),
+    ("Mean E2EL (ms)", "mean_e2el_ms", 1),
+    ("P99 E2EL (ms)", "p99_e2el_ms", 1),
+    ("Mean batch size (seqs/step)", "mean_batch_size", 1),
+    ("Padded tokens share (%)", lambda r: 100 * padded_share(r.iterations), 1),
+    ("Mean queue time Wq (s)", "Wq_s", 2),
+    ("Preemptions", "num_preemptions", 0),
+)
+
+
+def compare_table(results: Mapping) -> str:
+    """One column per mode (``results``: mode -> Result) over the metrics that tell modes apart."""
+    width = max(14, *(len(m) + 2 for m in results))
+    lines = [f"{'':<34}" + "".join(f"{mode:>{width}}" for mode in results),
+             "-" * (34 + width * len(results))]
+    for label, key, digits in _COMPARE_ROWS:
+        if isinstance(key, str) and key not in next(iter(results.values())).summary:
+            continue
+        values = [key(r) if callable(key) else r.summary[key] for r in results.values()]
+        lines.append(f"{label:<34}" + "".join(f"{_fmt(v, digits):>{width}}" for v in values))
+    return "\n".join(lines)
+
+
+def capacity_table(device: Device, max_num_seqs: int, replicas: int = 1) -> str:
+    """The analytic throughput curve B / τ(B) at B = 1, 2, 4, ... and at max_num_seqs."""
+    roofline = roofline_tokens_per_s(device)
+    sizes = sorted({*(2**k for k in range(max_num_seqs.bit_length()) if 2**k < max_num_seqs), max_num_seqs})
+    per = " per replica" if replicas > 1 else ""
+    lines = [_title("Capacity (analytic)", "="),
+             f"Step time τ(B) = {device.tau0_ms:g} + {device.beta_ms:g}·B ms; roofline 1/β = "
+             f"{_fmt(roofline, 0)} tok/s{per}",
+             f"{'B':>8}{'τ(B) (ms)':>12}{'tokens/s' + per:>{14 + len(per)}}{'% of roofline':>16}"]
+    for b in sizes:
+        tps = decode_throughput(device, b)
+        share = "n/a" if math.isinf(roofline) else f"{100 * tps / roofline:.1f} %"
+        lines.append(f"{b:>8}{1e3 * step_time_s(device, b):>12.2f}{tps:>{14 + len(per)},.2f}{share:>16}")
+    if replicas > 1:
+        lines.append(f"With {replicas} replicas at B = {max_num_seqs}: "
+                     f"{_fmt(replicas * decode_throughput(device, max_num_seqs))} tok/s in all")
+    half = batch_for_fraction(device, 0.5)
+    if math.isinf(half):
+        lines.append("Batch size for 50 % of the roofline: none (β = 0: throughput grows without bound)")
+    else:
+        reach = "within" if half <= max_num_seqs else "beyond"
+        lines.append(f"Batch size for 50 % of the roofline: B = {half:,.1f} ({reach} max_num_seqs = {max_num_seqs})")
+    lines.append("=" * WIDTH)
+    return "\n".join(lines)

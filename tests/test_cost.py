@@ -1,0 +1,119 @@
+"""The cost model and the capacity maths, against the chapter's worked device and exercises.
+
+The chapter's device: tau0 = 20 ms, beta = 0.2 ms per decoding sequence (the ``Device`` defaults).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from simbatch.config import Device
+from simbatch.cost import (
+    batch_for_fraction,
+    blocks_for,
+    decode_throughput,
+    peak_kv_tokens,
+    roofline_tokens_per_s,
+    stability,
+    step_time_s,
+)
+
+CHAPTER = Device(tau0_ms=20.0, beta_ms=0.2)
+
+
+def test_step_time_adds_fixed_sequence_and_prefill_costs():
+    device = Device(tau0_ms=20.0, beta_ms=0.2, prefill_ms_per_token=0.05)
+    assert step_time_s(device, 0) == pytest.approx(0.020)
+    assert step_time_s(device, 64) == pytest.approx(0.0328)
+    # 10 decodes and 400 prompt tokens: 20 + 2 + 20 ms.
+    assert step_time_s(device, 10, 400) == pytest.approx(0.042)
+
+
+@pytest.mark.parametrize(("batch", "tokens_per_s"), [(1, 1 / 0.0202), (8, 8 / 0.0216), (32, 32 / 0.0264),
+                                                     (64, 64 / 0.0328)])
+def test_decode_throughput_is_batch_over_step_time(batch, tokens_per_s):
+    assert decode_throughput(CHAPTER, batch) == pytest.approx(tokens_per_s)
+
+
+def test_chapter_exercise_throughputs():
+    # Exercise 2(a): the figures quoted in the chapter, to the token.
+    assert round(decode_throughput(CHAPTER, 8), 2) == 370.37
+    assert round(decode_throughput(CHAPTER, 32), 2) == 1212.12
+    assert round(decode_throughput(CHAPTER, 64), 2) == 1951.22
+
+
+def test_throughput_rises_toward_the_roofline():
+    roofline = roofline_tokens_per_s(CHAPTER)
+    assert roofline == pytest.approx(5000.0)
+    values = [decode_throughput(CHAPTER, b) for b in (1, 8, 64, 512, 10**6)]
+    assert values == sorted(values)
+    assert values[-1] < roofline
+    assert values[-1] == pytest.approx(roofline, rel=1e-3)
+    # Exercise 2(b): B = 64 reaches only 39 % of the roofline.
+    assert decode_throughput(CHAPTER, 64) / roofline == pytest.approx(0.3902, abs=1e-4)
+
+
+def test_roofline_is_infinite_without_marginal_cost():
+    assert roofline_tokens_per_s(Device(tau0_ms=20.0, beta_ms=0.0)) == math.inf
+    assert batch_for_fraction(Device(tau0_ms=20.0, beta_ms=0.0), 0.5) == math.inf
+
+
+def test_batch_for_fraction_inverts_the_throughput_curve():
+    # Exercise 2(c): half the roofline takes B = tau0 / beta = 100 > B_max = 64.
+    assert batch_for_fraction(CHAPTER, 0.5) == pytest.approx(100.0)
+    for f in (0.1, 0.39, 0.9, 0.99):
+        b = batch_for_fraction(CHAPTER, f)
+        assert decode_throughput(CHAPTER, b) == pytest.approx(f * roofline_tokens_per_s(CHAPTER))
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.0, -0.5, 1.5])
+def test_batch_for_fraction_rejects_fractions_outside_the_open_interval(fraction):
+    with pytest.raises(ValueError, match="fraction"):
+        batch_for_fraction(CHAPTER, fraction)
+
+
+def test_blocks_for_rounds_up():
+    assert [blocks_for(t, 4) for t in (0, 1, 4, 5, 8, 9)] == [0, 1, 1, 2, 2, 3]
+    # Exercise 3(a): a 600-token prompt fills 38 blocks of 16, so 400 blocks hold 10 of them.
+    assert blocks_for(600, 16) == 38
+    assert 400 // blocks_for(600, 16) == 10
+    # Exercise 3(c): 64 sequences of 100 tokens need 448 blocks > 400: memory binds before max_num_seqs.
+    assert 64 * blocks_for(100, 16) == 448
+
+
+def test_peak_kv_excludes_the_last_token():
+    # The last sampled token is never fed back: prompt + output - 1 tokens, at least the prompt.
+    assert peak_kv_tokens(6, 5) == 10
+    assert peak_kv_tokens(6, 1) == 6
+    assert peak_kv_tokens(16, 1) == 16 and blocks_for(peak_kv_tokens(16, 1), 16) == 1
+    assert blocks_for(peak_kv_tokens(16, 2), 16) == 2
+
+
+def test_stability_of_the_chapter_example():
+    # 20 req/s x 500 tokens = 10,000 tok/s offered against 1951 tok/s: oversubscribed ~5x.
+    s = stability(CHAPTER, 64, 20.0, 500.0)
+    assert s.offered_tokens_per_s == pytest.approx(10_000.0)
+    assert s.capacity_tokens_per_s == pytest.approx(64 / 0.0328)
+    assert s.utilization == pytest.approx(5.125)
+    assert s.utilization == pytest.approx(s.offered_tokens_per_s / s.capacity_tokens_per_s)
+    assert s.capacity_requests_per_s == pytest.approx(20.0 / 5.125)
+    # W at the full-batch step time: 500 x 32.8 ms = 16.4 s; Little: L = 20 x 16.4 = 328 resident.
+    assert s.unloaded_latency_s == pytest.approx(16.4)
+    assert s.demanded_concurrency == pytest.approx(328.0)
+    assert not s.stable
+    assert s.verdict.startswith("oversubscribed 5.1×")
+
+
+def test_stability_scales_with_replicas_and_charges_prefill():
+    six = stability(CHAPTER, 64, 20.0, 500.0, replicas=6)
+    assert six.utilization == pytest.approx(5.125 / 6)
+    assert six.capacity_tokens_per_s == pytest.approx(6 * 64 / 0.0328)
+    assert six.stable and six.verdict == "stable (utilization 85%)"
+    # Each prompt token costs gamma on top: 2 req/s x (500 x 32.8 ms / 64 + 1000 x 0.05 ms).
+    device = Device(tau0_ms=20.0, beta_ms=0.2, prefill_ms_per_token=0.05)
+    s = stability(device, 64, 2.0, 500.0, mean_prompt_tokens=1000.0)
+    assert s.utilization == pytest.approx(2 * (500 * 0.0328 / 64 + 0.05))
+    assert s.capacity_requests_per_s == pytest.approx(1 / (500 * 0.0328 / 64 + 0.05))
+    assert s.unloaded_latency_s == pytest.approx(500 * 0.0328 + 0.05)
