@@ -83,7 +83,9 @@ class Stability:
     def verdict(self) -> str:
         if self.stable:
             return f"stable (utilization {self.utilization:.0%})"
-        return (f"oversubscribed {self.utilization:.1f}×: the waiting queue grows without bound; "
+        # Two decimals near 1, so that 1.02x does not read as a harmless "1.0x".
+        factor = f"{self.utilization:.1f}" if self.utilization >= 1.1 else f"{self.utilization:.2f}"
+        return (f"oversubscribed {factor}×: the waiting queue grows without bound; "
                 "add replicas, make tokens cheaper, or shed load")
 
 

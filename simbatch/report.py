@@ -27,7 +27,9 @@ def _title(text: str, fill: str = "-") -> str:
     return f"{' ' + text + ' ' if text else '':{fill}^{WIDTH}}"
 
 
-def _fmt(value: float | int | None, digits: int = 2) -> str:
+def _fmt(value: float | int | str | None, digits: int = 2) -> str:
+    if isinstance(value, str):
+        return value
     if value is None or isinstance(value, float) and math.isnan(value):
         return "n/a"
     if isinstance(value, int | np.integer):
@@ -35,7 +37,7 @@ def _fmt(value: float | int | None, digits: int = 2) -> str:
     return f"{value:,.{digits}f}"
 
 
-def _row(label: str, value: float | int | None, digits: int = 2) -> str:
+def _row(label: str, value: float | int | str | None, digits: int = 2) -> str:
     return f"{label:<{_LABEL}} {_fmt(value, digits)}"
 
 
@@ -69,8 +71,15 @@ def result_table(summary: Mapping) -> str:
               _row("Mean KV cache usage (%):", 100 * summary["mean_kv_usage"], 1),
               _row("Server utilization (%):", 100 * summary["server_utilization"], 1),
               _row("Preemptions:", summary["num_preemptions"]),
-              _row("Mean queue time Wq (s):", summary["Wq_s"]),
-              "=" * WIDTH]
+              _row("Mean queue time Wq (s):", summary["Wq_s"])]
+    replicas = sorted(int(k.split("_")[1]) for k in summary if k.startswith("replica_") and k.endswith("_L"))
+    if replicas:
+        lines += [_title("Replicas"),
+                  _row("Load imbalance (max/mean L):", summary["load_imbalance"], 3)]
+        lines += [_row(f"Replica {r} output (tok/s), util (%):",
+                       f"{summary[f'replica_{r}_output_throughput']:,.0f}, "
+                       f"{100 * summary[f'replica_{r}_utilization']:.1f}") for r in replicas]
+    lines.append("=" * WIDTH)
     return "\n".join(lines)
 
 

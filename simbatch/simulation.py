@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from simbatch.config import Scenario
-from simbatch.cost import Stability, stability
+from simbatch.cost import Stability, fleet_stability
 from simbatch.engine import Engine
 from simbatch.metrics.summary import iterations_frame, requests_frame, summarize
+from simbatch.router import replica_scenarios
 from simbatch.workload import WorkloadArrays, generate
 
 
@@ -36,10 +37,9 @@ def expected_stability(scenario: Scenario, workload: WorkloadArrays) -> Stabilit
     rate = scenario.workload.arrival.rate
     if scenario.workload.trace is not None or rate == float("inf"):
         rate = len(workload) / duration if duration > 0 else float("inf")
-    return stability(scenario.device, scenario.batching.max_num_seqs, rate,
-                     float(workload.output_tokens.mean()) if len(workload) else 0.0,
-                     float(workload.prompt_tokens.mean()) if len(workload) else 0.0,
-                     replicas=scenario.cluster.replicas)
+    return fleet_stability([(s.device, s.batching.max_num_seqs) for s in replica_scenarios(scenario)], rate,
+                           float(workload.output_tokens.mean()) if len(workload) else 0.0,
+                           float(workload.prompt_tokens.mean()) if len(workload) else 0.0)
 
 
 def simulate(scenario: Scenario, *, check_invariants: bool = False,

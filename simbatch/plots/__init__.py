@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from simbatch.config import Scenario
+from simbatch.plots.cluster import load_imbalance, replica_load
 from simbatch.plots.figure import Frames, Run, save_figure
 from simbatch.plots.latency import e2e_histogram, latency_by_request, ttft_cdf
 from simbatch.plots.timeseries import (
@@ -24,7 +25,7 @@ from simbatch.plots.timeseries import (
 from simbatch.router import replica_scenarios
 from simbatch.simulation import Result
 
-__all__ = ["Frames", "Run", "batch_size", "cumulative_output_tokens", "e2e_histogram", "kv_usage",
+__all__ = ["Frames", "Run", "batch_size", "load_imbalance", "replica_load", "cumulative_output_tokens", "e2e_histogram", "kv_usage",
            "latency_by_request", "output_throughput", "running_waiting", "save_compare_plots", "save_figure",
            "save_run_plots", "ttft_cdf"]
 
@@ -36,7 +37,7 @@ def _fleet(scenario: Scenario) -> tuple[int, int]:
 
 
 def save_run_plots(folder: Path, result: Result) -> list[Path]:
-    """The six plots of one run, as ``folder/<name>.png``."""
+    """The six plots of one run, as ``folder/<name>.png``, and the per-replica two for a fleet."""
     sc, st = result.scenario, result.stability
     runs = {sc.batching.mode: result}
     slots, blocks = _fleet(sc)
@@ -49,6 +50,10 @@ def save_run_plots(folder: Path, result: Result) -> list[Path]:
         "ttft_cdf": ttft_cdf(runs, slo_ttft_ms=sc.slo.ttft_ms),
         "e2e_histogram": e2e_histogram(runs, unloaded_latency_s=st.unloaded_latency_s),
     }
+    n = sc.cluster.replicas
+    if n > 1:
+        figures["replica_load"] = replica_load(result, n, slots=slots // n if not sc.cluster.replica_specs else None)
+        figures["load_imbalance"] = load_imbalance(result, n)
     return [save_figure(fig, folder / f"{name}.png") for name, fig in figures.items()]
 
 

@@ -37,9 +37,13 @@ class WorkloadArrays:
     tenant: np.ndarray  # int32 codes into tenant_names
     priority: np.ndarray  # int64, lower is served first under the priority policy
     tenant_names: tuple[str, ...]
+    session: np.ndarray | None = None  # int64 session ids; None: each request its own, 0..n-1
 
     def __post_init__(self) -> None:
-        columns = (self.arrival_s, self.prompt_tokens, self.output_tokens, self.tenant, self.priority)
+        if self.session is None:
+            object.__setattr__(self, "session", np.arange(len(self.arrival_s), dtype=np.int64))
+        columns = (self.arrival_s, self.prompt_tokens, self.output_tokens, self.tenant, self.priority,
+                   self.session)
         if len({len(c) for c in columns}) != 1:
             raise ValueError(f"workload columns differ in length: {[len(c) for c in columns]}")
         for c in columns:
@@ -103,6 +107,10 @@ def generate(scenario: Scenario) -> WorkloadArrays:
     tenant_names = tuple(dict.fromkeys(c.name for c in classes))
     tenant_of_class = np.array([tenant_names.index(c.name) for c in classes], dtype=np.int32)
     priority_of_class = np.array([c.priority for c in classes], dtype=np.int64)
+    # Sessions (who sends the request, for session-affinity routing) are uniform over
+    # num_sessions, from their own stream; without num_sessions every request is a session.
+    session = None if wl.num_sessions is None else \
+        streams.rng(seed, streams.SESSIONS).integers(wl.num_sessions, size=len(arrival_s), dtype=np.int64)
     return WorkloadArrays(
         arrival_s=arrival_s,
         prompt_tokens=prompt_tokens,
@@ -110,4 +118,5 @@ def generate(scenario: Scenario) -> WorkloadArrays:
         tenant=tenant_of_class[class_idx],
         priority=priority_of_class[class_idx],
         tenant_names=tenant_names,
+        session=session,
     )
