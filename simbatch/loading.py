@@ -54,6 +54,9 @@ def parse_override(item: str) -> tuple[str, Any]:
         raise ScenarioError([Problem("--set", key, f"value {raw!r} is not YAML: {exc}")]) from None
     if isinstance(value, str) and value.strip().lower() in ("inf", "+inf", ".inf"):
         value = math.inf
+    elif isinstance(value, int | float) and ":" in raw:
+        value = raw.strip()  # YAML 1.1 reads 1:30 as sexagesimal 90; nobody means that here
+
     return key.strip(), value
 
 

@@ -19,7 +19,7 @@ from simbatch import __version__
 from simbatch.cli.capacity import capacity
 from simbatch.cli.inspect import schema, validate
 from simbatch.cli.run import compare, run
-from simbatch.cli_sweep import register as register_sweep
+from simbatch.cli.sweep import register as register_sweep
 
 app = typer.Typer(
     name="simbatch",

@@ -1,0 +1,191 @@
+"""The ``sweep`` and ``capacity-search`` commands; ``register(app)`` adds them to a typer app.
+
+The work is in :mod:`simbatch.sweep`; this module turns arguments into a plan, bad input into one
+line and exit code 2 (as every simbatch command does, through :mod:`simbatch.cli.common`), and
+results into files and a short report. The sweep machinery (the simulator, matplotlib, scipy) is
+imported when a command runs, so registering the commands costs ``simbatch --help`` nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+if TYPE_CHECKING:
+    from simbatch.sweep.runner import Executor
+
+ScenarioArg = Annotated[Path, typer.Argument(metavar="SCENARIO.yaml", help="The scenario file.",
+                                             show_default=False)]
+ParamOpt = Annotated[list[str] | None, typer.Option(
+    "--param", "-p", metavar="KEY=VALUES",
+    help="A swept parameter, repeatable: values 1,2,4; range start:stop:step (1:40:2); "
+         "log range log:start:stop:n (log:1:64:7). The grid is the product of all --param.")]
+SetOpt = Annotated[list[str] | None, typer.Option(
+    "--set", metavar="KEY=VALUE", help="Override a scenario value for every point (repeatable).")]
+ReplicationsOpt = Annotated[int, typer.Option(
+    "--replications", "-r", help="Runs per point; replication r uses seed = scenario seed + r.")]
+WorkersOpt = Annotated[int | None, typer.Option(
+    "--workers", "-w", help="Local worker processes (default: all cores); 1 runs in this process.")]
+AddressOpt = Annotated[str | None, typer.Option(
+    "--scheduler-address", metavar="tcp://HOST:8786",
+    help="Run on this Dask distributed cluster instead of local processes (see docs/distributed.md).")]
+OutOpt = Annotated[Path | None, typer.Option(
+    "--out", "-o", metavar="DIR",
+    help="Output folder (default: results/<scenario name>/sweep, or /capacity); rerunning into it resumes.")]
+
+
+def _reports_bad_input(command: Callable) -> Callable:
+    """Bad input as every simbatch command reports it (:func:`simbatch.cli.common.reports_bad_input`).
+
+    The sweep's own errors (arguments, output folder, executor) become :class:`BadInput`. Both are
+    imported when the command runs: ``simbatch.cli`` imports this module, so a module-level import
+    of ``simbatch.cli.common`` here would be circular.
+    """
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        from simbatch.cli.common import BadInput, reports_bad_input
+        from simbatch.sweep.plan import SweepInputError
+        from simbatch.sweep.runner import ExecutorError
+        from simbatch.sweep.store import StoreError
+
+        @reports_bad_input
+        def checked():
+            try:
+                return command(*args, **kwargs)
+            except (SweepInputError, StoreError, ExecutorError) as exc:
+                raise BadInput(str(exc)) from None
+
+        return checked()
+
+    return wrapper
+
+
+def _check(replications: int, workers: int | None, scheduler_address: str | None) -> None:
+    from simbatch.sweep.plan import SweepInputError
+
+    if replications < 1:
+        raise SweepInputError(f"--replications {replications}: must be at least 1 "
+                              "(3 or more for confidence intervals)")
+    if workers is not None and workers < 1:
+        raise SweepInputError(f"--workers {workers}: must be at least 1 (1 runs in this process)")
+    if workers is not None and scheduler_address is not None:
+        raise SweepInputError("--workers with --scheduler-address: give one; Dask has its own workers")
+
+
+def _connect(workers: int | None, scheduler_address: str | None) -> Executor:
+    """The executor, connected: called once the arguments are known good, before any file is written."""
+    from simbatch.sweep.runner import Executor
+
+    executor = Executor(workers, scheduler_address)
+    executor.connect()
+    return executor
+
+
+@contextmanager
+def _progress(total: int, what: str) -> Iterator[Callable[[], None] | None]:
+    """A bar on stderr advanced once per finished item, drawn only on a terminal (never in logs or pipes)."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn(what), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(what, total=total)
+        yield lambda: bar.advance(task)
+
+
+@_reports_bad_input
+def sweep(
+    scenario: ScenarioArg,
+    param: ParamOpt = None,
+    set_: SetOpt = None,
+    replications: ReplicationsOpt = 3,
+    workers: WorkersOpt = None,
+    scheduler_address: AddressOpt = None,
+    out: OutOpt = None,
+) -> None:
+    """Run a scenario over a grid of parameters with replications: summary.csv (means, 95 % CIs) and plots.
+
+    Example: simbatch sweep chat.yaml -p workload.arrival.rate=1,2,4,8 -p batching.mode=static,continuous
+    """
+    from simbatch.sweep.plan import Sweep
+
+    _check(replications, workers, scheduler_address)
+    plan = Sweep.plan(scenario, param or [], set_ or [], replications, out)
+    with _connect(workers, scheduler_address) as executor, _progress(len(plan.points), "points") as advance:
+        frame, plots = plan.run(executor, advance)
+    failed = frame[frame["error"] != ""]
+    typer.echo(f"{len(frame)} points x {replications} replications on {executor.description}; "
+               f"{len(failed)} failed")
+    for _, row in failed.iterrows():
+        point = ", ".join(f"{p.key}={row[p.key]}" for p in plan.params)
+        typer.echo(f"  failed: {point}: {row['error']}", err=True)
+    for path in [plan.out / "summary.csv", *plots]:
+        typer.echo(f"wrote {path}")
+    if plots and "request_goodput_mean" not in frame:
+        typer.echo("no goodput plot: the scenario sets no slo; add one, e.g. --set slo.ttft_ms=500")
+    if (frame["replications"] == 0).all():
+        raise typer.Exit(1)  # not one run finished: a script must not mistake this for results
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, float):
+        return "-" if math.isnan(value) else f"{value:.4g}"
+    return str(value)
+
+
+@_reports_bad_input
+def capacity_search(
+    scenario: ScenarioArg,
+    slo: Annotated[list[str] | None, typer.Option(
+        "--slo", metavar="METRIC_STAT_ms=LIMIT",
+        help="An SLO, repeatable: ttft/tpot/itl/e2el with mean/median/p50/p90/p99, e.g. ttft_p99_ms=500 "
+             "(vLLM's p99_ttft_ms also works). It holds when the replications' mean meets it.")] = None,
+    param: ParamOpt = None,
+    set_: SetOpt = None,
+    replications: ReplicationsOpt = 3,
+    tolerance: Annotated[float, typer.Option(
+        help="Stop bisecting when the bracket is narrower than this fraction of its upper end.")] = 0.02,
+    workers: WorkersOpt = None,
+    scheduler_address: AddressOpt = None,
+    out: OutOpt = None,
+) -> None:
+    """The highest arrival rate meeting every SLO, per configuration: bisection below the analytic capacity.
+
+    Example: simbatch capacity-search chat.yaml --slo ttft_p99_ms=500 --slo tpot_p99_ms=50
+    -p batching.max_num_seqs=32,64
+    """
+    from simbatch.sweep.capacity import CapacitySearch
+
+    _check(replications, workers, scheduler_address)
+    plan = CapacitySearch.plan(scenario, param or [], set_ or [], slo or [], replications, tolerance, out)
+    with _connect(workers, scheduler_address) as executor, \
+            _progress(len(plan.configs), "configurations") as advance:
+        frame = plan.run(executor, advance)
+    from rich.console import Console
+    from rich.table import Table
+
+    limits = ", ".join(f"{s.key} <= {s.limit_ms:g}" for s in plan.slos)
+    table = Table(title=f"highest arrival rate (requests/s) meeting {limits}")
+    for column in frame.columns:
+        table.add_column(column, justify="left" if frame[column].dtype == object else "right")
+    for row in frame.itertuples(index=False):
+        table.add_row(*(_cell(v) for v in row))
+    Console(width=max(100, 16 * len(frame.columns))).print(table)
+    typer.echo(f"wrote {plan.out / 'capacity.csv'}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``sweep`` and ``capacity-search`` to ``app``."""
+    app.command("sweep")(sweep)
+    app.command("capacity-search")(capacity_search)
