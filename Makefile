@@ -29,5 +29,8 @@ validate: install
 bench: install
 	$(BIN)/python -m benchmarks.run
 
+notebooks: install
+	$(BIN)/python scripts/run_notebooks.py
+
 clean:
 	rm -rf $(VENV) results .pytest_cache .ruff_cache

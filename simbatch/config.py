@@ -269,7 +269,7 @@ class Scheduler(_Model):
     max_preemptions: PosInt | None = Field(
         default=None, description="A request preempted this many times is not chosen as a victim again."
     )
-    max_waiting: NonNegInt | None = Field(
+    max_waiting: PosInt | None = Field(
         default=None, description="Waiting-queue cap per replica; arrivals beyond it are rejected (429)."
     )
 

@@ -72,7 +72,7 @@ def scenarios(draw) -> dict:
         "scheduler": {"policy": policy, "preemption": draw(st.sampled_from(["recompute", "swap"])),
                       "aging_s": draw(st.one_of(st.none(), st.floats(0.1, 10))),
                       "max_preemptions": draw(st.one_of(st.none(), st.integers(1, 3))),
-                      "max_waiting": draw(st.one_of(st.none(), st.integers(0, 50))),
+                      "max_waiting": draw(st.one_of(st.none(), st.integers(1, 50))),
                       "tenant_weights": {"interactive": 2.0}},
         "cluster": {"replicas": draw(st.integers(1, 3)), "router": draw(st.sampled_from(["round_robin", "random"]))},
         "sim": {"max_time_s": draw(st.one_of(st.none(), st.floats(1, 60)))},

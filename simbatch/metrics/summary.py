@@ -16,6 +16,7 @@ The summary uses ``vllm bench serve``'s key names:
 
 - ``duration`` (s): the simulated span, from t=0 to the last completion (or to ``sim.max_time_s``).
 - ``completed``, ``rejected``, ``unfinished``, ``num_requests``.
+- ``total_input_tokens``, ``total_output_tokens``: prompt and output tokens of completed requests.
 - ``request_throughput`` = completed / duration; ``output_throughput`` = output tokens of completed
   requests / duration; ``total_token_throughput`` adds their prompt tokens.
 - ``request_goodput`` = completed requests meeting every set SLO / duration (only when SLOs are set).
@@ -30,6 +31,7 @@ Queueing quantities, over admitted requests (arrived and not rejected):
   system at the end count up to the end. Then L = lambda W holds on every sample path, so
   ``littles_law_rel_error`` = |L - lambda W| / L measures the bookkeeping, not the statistics.
 - ``server_utilization``: busy time / (duration x replicas).
+- ``num_steps``: engine steps over the run (a run of identical steps counts each of them).
 - ``mean_batch_size``: sequences per step, averaged over steps.
 - ``mean_kv_usage``: used / total device blocks, averaged over busy time.
 - ``num_preemptions``: total over the run.

@@ -1,0 +1,78 @@
+"""Execute the teaching notebooks, each in a fresh kernel, and (optionally) save their outputs.
+
+``make notebooks`` runs this at full size and writes the outputs back into ``notebooks/*.ipynb``, so
+the plots render when the notebooks are browsed. ``tests/test_notebooks.py`` runs the same function
+with ``SIMBATCH_NOTEBOOK_SMALL=1`` (short horizons) and saves nothing.
+
+The kernel is always the interpreter running this script, whatever kernels the machine has
+registered: a notebook must see the simbatch it is shipped with, and CI has nothing but the venv.
+
+    .venv/bin/python scripts/run_notebooks.py            # all, full size, saved in place
+    .venv/bin/python scripts/run_notebooks.py --small 03_throughput_curve.ipynb   # one, small, not saved
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import AsyncKernelManager
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK_DIR = ROOT / "notebooks"
+SMALL_ENV = "SIMBATCH_NOTEBOOK_SMALL"
+
+
+def notebooks() -> list[Path]:
+    """The lessons, in reading order (``NN_name.ipynb``)."""
+    return sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
+
+
+def execute(path: Path, *, small: bool, timeout_s: int = 900) -> nbformat.NotebookNode:
+    """Run every cell of ``path`` top to bottom in a new kernel started in its folder.
+
+    Raises ``nbclient.exceptions.CellExecutionError`` (naming the cell and the traceback) on the first
+    failing cell. Returns the notebook with its new outputs; the file is left untouched.
+    """
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        cell.metadata.pop("execution", None)  # timestamps of an earlier run
+    # An empty kernel_dirs leaves only the native kernel: this interpreter, via ipykernel.
+    km = AsyncKernelManager(kernel_name="python3",
+                            kernel_spec_manager=KernelSpecManager(kernel_dirs=[]))
+    # No per-cell timestamps: a re-run with unchanged results must leave the files unchanged.
+    client = NotebookClient(nb, km=km, timeout=timeout_s, record_timing=False,
+                            resources={"metadata": {"path": str(path.parent)}})
+    # Inline figures whatever MPLBACKEND the caller has set: the plots must land in the outputs.
+    env = {**os.environ, SMALL_ENV: "1" if small else "0", "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
+    client.execute(env=env)
+    return nb
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help="notebook file names (default: all)")
+    parser.add_argument("--small", action="store_true", help="short horizons, as in CI; outputs are not saved")
+    args = parser.parse_args(argv)
+    paths = [NOTEBOOK_DIR / n for n in args.names] if args.names else notebooks()
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        print(f"no such notebook: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    for path in paths:
+        start = time.perf_counter()
+        nb = execute(path, small=args.small)
+        if not args.small:
+            nbformat.write(nb, path)
+        print(f"{path.name}: ran in {time.perf_counter() - start:.1f} s{'' if args.small else ', saved'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
