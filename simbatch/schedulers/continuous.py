@@ -187,9 +187,13 @@ class ContinuousScheduler(BaseScheduler):
             self._take(req, n)
 
     def _evict_for(self, req: Request, now: float, plan: StepPlan) -> bool:
-        """Priority's teeth: preempt the worst running request if it is strictly worse than ``req``."""
-        key = self._waiting_key(req)
-        worse = [r for r in self.running if self._waiting_key(r) > key and self._eligible(r)]
+        """Priority's teeth: preempt the worst running request if its priority is strictly worse.
+
+        Keys end with the arrival tie-breaker, which is left out here: two requests of equal
+        (aged) priority must not evict each other, or they would take turns forever.
+        """
+        level = self._waiting_key(req)[:-1]
+        worse = [r for r in self.running if self._waiting_key(r)[:-1] > level and self._eligible(r)]
         if not worse:
             return False
         self._preempt(max(worse, key=self._victim_key), now, plan)

@@ -5,7 +5,8 @@ until its longest request is done; only then is the next batch formed. Membershi
 modes differ only in *when* a batch forms:
 
 - ``static`` waits for a full batch; with ``max_wait_ms`` it starts a partial one once the oldest
-  waiting request has waited that long. When arrivals have ended it flushes what is left.
+  waiting request has waited that long. Without ``max_wait_ms`` it would wait forever once arrivals
+  end, so then it flushes what is left (a modelling necessity; a timer needs no such help).
 - ``dynamic`` (Triton's dynamic batcher) dispatches on a full batch or once the oldest waiting request
   has waited ``max_queue_delay_ms``.
 
@@ -73,12 +74,15 @@ class RequestLevelScheduler(BaseScheduler):
             n = len(self.waiting)
             if n == 0:
                 return None
-            if n < self.max_batch_size and not self.closed:
+            if n < self.max_batch_size:
                 if self.max_wait_s is None:
-                    return None
-                due = self._oldest_waiting_since() + self.max_wait_s
-                if due > now:
-                    return due
+                    if not self.closed:
+                        return None
+                    # A batcher that waits for a full batch would wait forever once arrivals end.
+                else:
+                    due = self._oldest_waiting_since() + self.max_wait_s
+                    if due > now:
+                        return due
             self._form_batch(now)
         return self._next_step()
 
