@@ -59,6 +59,7 @@ class Replica:
         self._run_start_s = 0.0  # the run of steps in progress: start and step time
         self._run_step_s = 0.0
         self._run_offset = 0
+        self._run_ctx: tuple | None = None  # what a run of steps in progress needs to be applied early
         # When the engine can say when the next request arrives here, runs end there by themselves.
         self.next_arrival_s: Callable[[], float] | None = None
         self.process = env.process(self._run())
@@ -128,6 +129,7 @@ class Replica:
             else:
                 n, start = 0, now  # steps of this plan done so far; start of the part in progress
                 while n < k:
+                    self._run_ctx = (plan, duration, num_running, num_waiting, contiguous)
                     m, cut = yield from self._run_of_steps(start, duration, n, k - n)
                     self._record(start, m, plan, duration, num_running, num_waiting, plan.decode_seqs,
                                  sched.kv_blocks_sum(n + m) - sched.kv_blocks_sum(n), contiguous)
@@ -136,12 +138,32 @@ class Replica:
                         break
                     # The arrival only lengthened WAITING: the same plan runs on, recorded anew.
                     num_waiting = sched.num_waiting
+                self._run_ctx = None
                 outcome = sched.finish_steps(plan, n, env.now, self.step)
             self.step += n
             rec.stall_gaps_s.extend(outcome.stall_gaps_s)
             for req in outcome.finished:
                 rec.finish(env.now, req)
             contiguous = True
+
+    def stop(self, at_s: float) -> None:
+        """The clock stopped at ``at_s``: apply the steps of a run in progress that ended before it,
+        as stepping one at a time would have (a step still in progress at the stop is not applied)."""
+        if self._run_ctx is not None:
+            plan, duration, num_running, num_waiting, contiguous = self._run_ctx
+            start, done = self._run_start_s, self._run_offset
+            m = int((at_s - start) // duration)
+            if m > 0 and start + m * duration >= at_s:
+                m -= 1
+            if m > 0:
+                sched = self.scheduler
+                self._record(start, m, plan, duration, num_running, num_waiting, plan.decode_seqs,
+                             sched.kv_blocks_sum(done + m) - sched.kv_blocks_sum(done), contiguous)
+            if done + m > 0:
+                self.scheduler.finish_steps(plan, done + m, start + m * duration, self.step)
+                self.step += done + m
+            self._run_ctx = None
+        self.scheduler.sync()
 
     def _record(self, start_s: float, n: int, plan: StepPlan, duration: float, num_running: int,
                 num_waiting: int, itl_tokens: int, kv_sum: int, contiguous: bool) -> None:
@@ -270,6 +292,8 @@ class Engine:
         """Run to the end (drained, or ``sim.max_time_s``); returns the end time of the run, s."""
         limit = self.scenario.sim.max_time_s
         self.env.run(until=limit)
+        for replica in self.replicas:
+            replica.stop(self.env.now)
         rec = self.recorder
         in_system = [r for rep in self.replicas for r in (*rep.scheduler.running, *rep.scheduler.waiting)]
         if in_system and limit is None:

@@ -44,6 +44,7 @@ class Request:
     finish_s: float = math.nan
     last_token_s: float = math.nan
     last_token_step: int = -2  # engine step that sampled the last token (ITL bookkeeping)
+    mark: int = 0  # scheduler clock at which a lockstep decode's counters were last brought up to date
     waiting_since_s: float = math.nan
     queue_s: float = 0.0  # total time spent in WAITING, across preemptions
 

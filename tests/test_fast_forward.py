@@ -22,9 +22,11 @@ ATOL_S = 1e-9
 
 
 def assert_same_run(scenario: dict) -> None:
-    reference = simulate(Scenario.model_validate({**scenario, "sim": {"fast_forward": False}}),
-                         check_invariants=True)
-    fast = simulate(Scenario.model_validate({**scenario, "sim": {"fast_forward": True}}), check_invariants=True)
+    def run(fast_forward: bool):
+        sim = {**scenario.get("sim", {}), "fast_forward": fast_forward}
+        return simulate(Scenario.model_validate({**scenario, "sim": sim}), check_invariants=True)
+
+    reference, fast = run(False), run(True)
     pd.testing.assert_frame_equal(reference.requests, fast.requests, rtol=RTOL, atol=ATOL_S)
     pd.testing.assert_frame_equal(reference.iterations, fast.iterations, rtol=RTOL, atol=ATOL_S)
     assert reference.stall_gaps_s == pytest.approx(fast.stall_gaps_s, rel=RTOL, abs=ATOL_S)
@@ -107,3 +109,17 @@ def test_fast_forward_under_memory_pressure_and_overload():
         "scheduler": {"preemption": "swap"},
         "device": {"prefill_ms_per_token": 0.01},
     })
+
+
+def test_a_clock_stop_in_the_middle_of_a_run_applies_the_steps_already_done():
+    """sim.max_time_s can fall inside a run of steps: the steps that ended before it count."""
+    scenario = {"workload": {"num_requests": 3, "arrival": {"rate": 10},
+                             "prompt_tokens": {"dist": "fixed", "value": 10},
+                             "output_tokens": {"dist": "fixed", "value": 1000}},
+                "sim": {"max_time_s": 5.0}}
+    assert_same_run(scenario)
+    result = simulate(Scenario.model_validate(scenario))
+    assert (result.requests["status"] == "unfinished").all()
+    # Each request decodes every step from its prefill to the stop, 20.6 ms a step.
+    assert result.requests["generated_tokens"].between(200, 240).all()
+    assert result.iterations["end_s"].max() <= 5.0

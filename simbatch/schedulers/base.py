@@ -24,9 +24,15 @@ from simbatch.request import Request, Status
 
 @dataclass(slots=True)
 class StepPlan:
-    """One engine step: who computes how many tokens, and what it costs."""
+    """One engine step: who computes how many tokens, and what it costs.
 
-    scheduled: list[tuple[Request, int]] = field(default_factory=list)  # (request, tokens this step)
+    Each request's slice of the step is either listed in ``slices`` as (request, tokens), or, for
+    the decodes that advance in lockstep (see :mod:`simbatch.schedulers.continuous`), implied by
+    membership of ``group``: one token each.
+    """
+
+    slices: list[tuple[Request, int]] = field(default_factory=list)
+    group: tuple[Request, ...] = ()
     decode_seqs: int = 0  # sequences computing their one decode token (costed at beta)
     prefill_tokens: int = 0  # prompt / recompute tokens (costed at gamma)
     padded_decode_seqs: int = 0  # idle slots still computed (static batching)
@@ -36,8 +42,13 @@ class StepPlan:
     swap_blocks: int = 0  # blocks moved between device and host while planning this step
 
     @property
+    def scheduled(self) -> list[tuple[Request, int]]:
+        """Every (request, tokens) of the step, lockstep decodes first."""
+        return [(r, 1) for r in self.group] + self.slices
+
+    @property
     def batch_size(self) -> int:
-        return len(self.scheduled)
+        return len(self.group) + len(self.slices)
 
     @property
     def padded_tokens(self) -> int:
@@ -158,8 +169,12 @@ class BaseScheduler(ABC):
     def _block_holders(self) -> list[Request]:
         return self.running
 
+    def sync(self) -> None:  # noqa: B027 - a hook: most schedulers keep their counters current
+        """Bring every request's counters up to date (schedulers that update lazily override this)."""
+
     def check_invariants(self) -> None:
         """Raise AssertionError if the pools or the block accounting are inconsistent."""
+        self.sync()
         waiting = list(self.waiting)
         ids = [r.request_id for r in waiting] + [r.request_id for r in self.running]
         assert len(ids) == len(set(ids)), "a request is in two pools"

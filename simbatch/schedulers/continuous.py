@@ -19,13 +19,21 @@ Chunking: with ``enable_chunked_prefill`` a prompt is split into slices of at mo
 budget (and ``long_prefill_token_threshold``). Without it a prompt must fit whole into what is left
 of the budget (prompts larger than the budget are rejected at arrival); a recompute after preemption,
 which can exceed the budget, is still split so a preempted request can always return.
+
+Lockstep decodes. Between events, every decoding request computes one token and samples one per
+step, so the scheduler does not touch them one by one: they form a *group* that advances with a
+clock. A member's counters are brought up to date (``_sync``) only when something looks at it; the
+blocks the group needs each step follow from each member's position within its block, counted per
+residue of the clock (``_phase``); the next completion is the top of a heap. A step then costs the
+requests that change in it, not the batch size, and a run of identical steps costs O(block_size).
+Anything unusual (a block shortage, a preemption) first dissolves the group, and the one-request-
+at-a-time rules above apply unchanged.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
-
-import numpy as np
 
 from simbatch.config import Scenario
 from simbatch.kv import KVCacheManager
@@ -50,10 +58,16 @@ class ContinuousScheduler(BaseScheduler):
         # Planning state of the step being built.
         self._sched: dict[Request, int] = {}
         self._budget = 0
-        # Fast-forward: tokens each running request can still add before it needs another block.
-        self._slack = np.zeros(0, dtype=np.int64)
         self._fifo = s.policy == "fcfs"
         self._waiting_at_plan = 0
+        # The lockstep group (module docstring).
+        self._group: dict[Request, None] = {}
+        self._group_reserved = False  # the group holds its blocks for the step being planned
+        self._clock = 0  # steps executed: the number of the next step
+        self._last_end_s = 0.0
+        self._phase = [0] * kv.block_size  # members needing a new block in step t: _phase[t % block_size]
+        self._done: list[tuple[int, int, Request]] = []  # (clock after a member's last token, id, member)
+        self._plan_used = 0  # blocks in use during the first step of the run planned last
 
     # ---------------------------------------------------------------- planning
     def schedule(self, now: float) -> StepPlan | None:
@@ -61,13 +75,17 @@ class ContinuousScheduler(BaseScheduler):
             return None
         plan = StepPlan()
         self._sched, self._budget = {}, self.token_budget
-        running = self.running
-        decoding = [r for r in running if not r.prefill_pending]
-        if decoding and not self._reserve_decodes(decoding):
-            for req in decoding:  # blocks are short: one at a time, preempting as needed
+        self._group_reserved = False
+        running, group = self.running, self._group
+        lone = [r for r in running if not r.prefill_pending and r not in group] \
+            if len(running) > len(group) else []
+        if (group or lone) and not self._reserve_decodes(lone):
+            self._dissolve()
+            for req in [r for r in running if not r.prefill_pending]:  # one at a time, preempting as needed
                 if req.status is Status.RUNNING and self._reserve(req, 1, now, plan):
                     self._take(req, 1)
-        if len(decoding) < len(running):
+        # Prefill chunks, when any running request has one (after a preemption, look: counts moved).
+        if plan.num_preempted or len(running) > len(self._group) + len(lone):
             for req in list(running):  # a snapshot: victims leave self.running mid-loop
                 if req.status is Status.RUNNING and req.prefill_pending and req not in self._sched:
                     n = self._chunk(req)
@@ -76,23 +94,27 @@ class ContinuousScheduler(BaseScheduler):
         if not plan.num_preempted:
             self._admit_waiting(now, plan)
 
-        if not self._sched and self.running:
+        if not self._sched and not self._group_reserved and self.running:
             # Every running request stalled on memory with every victim protected by max_preemptions:
             # the cap yields to progress, or the engine would wait forever.
             self._preempt(max(self.running, key=self._victim_key), now, plan)
             return self._replan(now, plan)
 
-        if not self._sched:
+        if not self._sched and not self._group_reserved:
             return None  # nothing admissible; the arrival checks make this unreachable with an idle engine
-        plan.scheduled = list(self._sched.items())
-        for req, n in plan.scheduled:
+        if self._group_reserved:
+            plan.group = tuple(self._group)
+        plan.slices = list(self._sched.items())
+        plan.decode_seqs = len(plan.group)
+        for req, n in plan.slices:
             if req.prefill_pending:
                 plan.prefill_tokens += n
             else:
                 plan.decode_seqs += 1
+        self._plan_used = self.kv.device.num_used
         return plan
 
-    def _reserve_decodes(self, decoding: list[Request]) -> bool:
+    def _reserve_decodes(self, lone: list[Request]) -> bool:
         """Every decode's next block at once, if free blocks cover them all (the common case).
 
         When they do, reserving one request at a time would succeed for each without preempting
@@ -100,14 +122,15 @@ class ContinuousScheduler(BaseScheduler):
         one request at a time.
         """
         bs = self.kv.block_size
-        extra = [(r.num_computed_tokens + bs) // bs - r.blocks for r in decoding]
-        if not self.kv.device.allocate(sum(e for e in extra if e > 0)):
+        extra = [(r.num_computed_tokens + bs) // bs - r.blocks for r in lone]
+        if not self.kv.device.allocate(self._phase[self._clock % bs] + sum(e for e in extra if e > 0)):
             return False
-        for req, e in zip(decoding, extra, strict=True):
+        for req, e in zip(lone, extra, strict=True):
             if e > 0:
                 req.blocks += e
-        self._sched = dict.fromkeys(decoding, 1)
-        self._budget -= len(decoding)
+            self._sched[req] = 1
+        self._group_reserved = bool(self._group)
+        self._budget -= len(self._group) + len(lone)
         return True
 
     def _replan(self, now: float, carried: StepPlan) -> StepPlan | None:
@@ -149,6 +172,7 @@ class ContinuousScheduler(BaseScheduler):
 
     def _preempt(self, victim: Request, now: float, plan: StepPlan) -> None:
         """RUNNING -> WAITING, with its KV swapped to the host if possible, else dropped for recompute."""
+        self._dissolve()
         self.running.remove(victim)
         if victim in self._sched:
             self._budget += self._sched.pop(victim)
@@ -199,6 +223,58 @@ class ContinuousScheduler(BaseScheduler):
         self._preempt(max(worse, key=self._victim_key), now, plan)
         return True
 
+    # ---------------------------------------------------------------- the lockstep group
+    def _join(self, req: Request) -> None:
+        """``req`` just sampled a token and goes on decoding: from now on it advances with the clock."""
+        req.mark = self._clock
+        self._phase[(self._clock - req.num_computed_tokens) % self.kv.block_size] += 1
+        heapq.heappush(self._done, (self._clock + req.output_tokens - req.num_generated, req.request_id, req))
+        self._group[req] = None
+
+    def _sync_member(self, req: Request) -> None:
+        """Bring a member's counters to the clock; with the group's blocks reserved, count its new block."""
+        d = self._clock - req.mark
+        if d:
+            req.num_computed_tokens += d
+            req.num_generated += d
+            req.last_token_s = self._last_end_s
+            req.last_token_step = self._clock - 1
+            req.mark = self._clock
+        req.blocks = self.kv.blocks_for(req.num_computed_tokens + self._group_reserved)
+
+    def _dissolve(self) -> None:
+        """Every member back to one-at-a-time handling (a reserved step's decode becomes a listed slice)."""
+        if not self._group:
+            return
+        for req in self._group:
+            self._sync_member(req)
+            if self._group_reserved:
+                self._sched[req] = 1
+        self._group.clear()
+        self._done.clear()
+        self._phase = [0] * self.kv.block_size
+        self._group_reserved = False
+
+    def sync(self) -> None:
+        for req in self._group:
+            self._sync_member(req)
+
+    def _group_blocks(self, t0: int, t1: int) -> int:
+        """Blocks the group takes in steps t0 .. t1 - 1."""
+        bs, phase = self.kv.block_size, self._phase
+        cycles, rest = divmod(t1 - t0, bs)
+        return cycles * len(self._group) + sum(phase[t % bs] for t in range(t0, t0 + rest))
+
+    def _retire_done(self, end_s: float, outcome: StepOutcome) -> None:
+        done = self._done
+        while done and done[0][0] <= self._clock:
+            _, _, req = heapq.heappop(done)
+            self._sync_member(req)
+            self._phase[(req.mark - req.num_computed_tokens) % self.kv.block_size] -= 1
+            del self._group[req]
+            self._retire(req, end_s)
+            outcome.finished.append(req)
+
     # ---------------------------------------------------------------- fast-forward
     def repeatable_steps(self, plan: StepPlan, step: int) -> int:
         """A pure-decode plan repeats until a request finishes or the next block cannot be had.
@@ -207,32 +283,22 @@ class ContinuousScheduler(BaseScheduler):
         set is fixed, free blocks only shrink, the budget left is constant, policy keys are static);
         only an arrival can change WAITING, and the engine cuts the run when one comes.
         """
-        running = self.running
-        if (plan.prefill_tokens or plan.num_admitted or plan.num_preempted or plan.swap_blocks
-                or plan.decode_seqs != len(running)):
+        if (plan.slices or plan.num_admitted or plan.num_preempted or plan.swap_blocks
+                or len(plan.group) != len(self.running) or not plan.group):
             return 1
-        previous = step - 1
-        k = running[0].output_tokens
-        for r in running:
-            if r.last_token_step != previous:
-                return 1
-            left = r.output_tokens - r.num_generated
-            if left < k:
-                k = left
+        k = self._done[0][0] - step  # the first completion happens in the k-th step of the run
         if k <= 1:
             return 1
         self._waiting_at_plan = len(self.waiting)
-        bs = self.kv.block_size
-        # Step j of the run computes token c + j; the reserved blocks hold `slack` of them.
-        self._slack = np.array([r.blocks * bs - r.num_computed_tokens for r in running], dtype=np.int64)
-        free = self.kv.device.num_free
-        if self._extra_blocks(k) <= free:
-            return k
-        lo, hi = 1, k  # step lo is feasible, step hi is not
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if self._extra_blocks(mid) <= free else (lo, mid)
-        return lo
+        # Steps 2 .. j of the run take _group_blocks(step + 1, step + j) more blocks.
+        free, size, bs = self.kv.device.num_free, len(self._group), self.kv.block_size
+        cycles = min((k - 1) // bs, free // size)
+        j, free = 1 + cycles * bs, free - cycles * size
+        t, phase = step + j, self._phase
+        while j < k and phase[t % bs] <= free:
+            free -= phase[t % bs]
+            j, t = j + 1, t + 1
+        return j
 
     def plan_survives_arrivals(self) -> bool:
         """New arrivals cannot be admitted mid-run when every slot is taken, or, under FCFS, when an
@@ -242,52 +308,42 @@ class ContinuousScheduler(BaseScheduler):
             return False
         return len(self.running) >= self.max_num_seqs or (self._fifo and self._waiting_at_plan > 0)
 
-    def _extra_blocks(self, j: int) -> int:
-        """Blocks beyond the current reservation that the running set holds during step j of the run."""
-        return int(np.maximum(0, -((self._slack - j) // self.kv.block_size)).sum())
-
     def kv_blocks_during(self, i: int) -> int:
-        return self.kv.device.num_used + self._extra_blocks(i)
+        return self._plan_used + self._group_blocks(self._clock + 1, self._clock + i)
 
     def kv_blocks_sum(self, n: int) -> int:
-        # sum_{i=1..n} ceil(max(0, i - s) / bs) = G(n - s) with G(x) = sum_{i=1..x} ceil(i / bs).
+        # sum_{i=1..n} used(i) = n used(1) + sum over steps t in (s, s+n) of phase[t % bs] * (s + n - t)
         if n == 0:
             return 0
-        bs = self.kv.block_size
-        x = n - self._slack
-        np.maximum(x, 0, out=x)
-        q = x // bs
-        extra = int((bs * q * (q + 1) // 2 + (x - q * bs) * (q + 1)).sum())
-        return n * self.kv.device.num_used + extra
+        s, bs, phase = self._clock, self.kv.block_size, self._phase
+        extra = 0
+        for r in range(bs):
+            if phase[r]:
+                first = s + 1 + (r - s - 1) % bs  # first t > s with t % bs == r
+                if first <= s + n - 1:
+                    m = (s + n - 1 - first) // bs + 1
+                    extra += phase[r] * (m * (s + n) - (m * first + bs * m * (m - 1) // 2))
+        return n * self._plan_used + extra
 
     def finish_steps(self, plan: StepPlan, n: int, end_s: float, step: int) -> StepOutcome:
         if n == 1:
             return self.finish_step(plan, end_s, step)
-        outcome = StepOutcome([], n * plan.decode_seqs, [])
-        last, bs = step + n - 1, self.kv.block_size
-        grown = 0  # blocks taken during the run: repeatable_steps checked that they were free
-        for req in self.running:
-            req.num_computed_tokens += n
-            req.num_generated += n
-            req.last_token_s = end_s
-            req.last_token_step = last
-            blocks = (req.num_computed_tokens + bs - 1) // bs
-            grown += blocks - req.blocks
-            req.blocks = blocks
-        taken = self.kv.device.allocate(grown)
+        taken = self.kv.device.allocate(self._group_blocks(step + 1, step + n))
         assert taken, "a run of steps took blocks that were not free"
-        for req in self.running:
-            if req.num_generated >= req.output_tokens:
-                self._retire(req, end_s)
-                outcome.finished.append(req)
+        self._group_reserved = False
+        self._clock, self._last_end_s = step + n, end_s
+        outcome = StepOutcome([], n * len(plan.group), [])
+        self._retire_done(end_s, outcome)
         if outcome.finished:
             self.running = [r for r in self.running if r.status is Status.RUNNING]
         return outcome
 
     # ---------------------------------------------------------------- execution
     def finish_step(self, plan: StepPlan, end_s: float, step: int) -> StepOutcome:
-        outcome = StepOutcome([], 0, [])
-        for req, n in plan.scheduled:
+        self._group_reserved = False
+        self._clock, self._last_end_s = step + 1, end_s
+        outcome = StepOutcome([], len(plan.group), [])  # members emitted last step too: regular gaps
+        for req, n in plan.slices:
             req.num_computed_tokens += n
             if req.num_computed_tokens < req.prompt_tokens + req.num_generated:
                 continue  # a prefill chunk with more to come
@@ -296,6 +352,9 @@ class ContinuousScheduler(BaseScheduler):
             if req.num_generated >= req.output_tokens:
                 self._retire(req, end_s)
                 outcome.finished.append(req)
+            else:
+                self._join(req)
+        self._retire_done(end_s, outcome)
         if outcome.finished:
             self.running = [r for r in self.running if r.status is Status.RUNNING]
         return outcome

@@ -115,7 +115,7 @@ class RequestLevelScheduler(BaseScheduler):
         if not self._prefilled:
             p_max = max(r.prompt_tokens for r in self.batch)
             for req in self.batch:
-                plan.scheduled.append((req, req.prompt_tokens))
+                plan.slices.append((req, req.prompt_tokens))
                 plan.prefill_tokens += req.prompt_tokens
                 if self.pad:
                     plan.padded_prefill_tokens += p_max - req.prompt_tokens
@@ -123,7 +123,7 @@ class RequestLevelScheduler(BaseScheduler):
             return plan
         for req in self.batch:
             if req.status is Status.RUNNING:
-                plan.scheduled.append((req, 1))
+                plan.slices.append((req, 1))
                 plan.decode_seqs += 1
             else:
                 plan.padded_decode_seqs += 1
@@ -163,7 +163,7 @@ class RequestLevelScheduler(BaseScheduler):
     def finish_step(self, plan: StepPlan, end_s: float, step: int) -> StepOutcome:
         outcome = StepOutcome([], 0, [])
         self._prefilled = True
-        for req, n in plan.scheduled:
+        for req, n in plan.slices:
             req.num_computed_tokens += n
             req.prefill_pending = False
             self._emit_token(req, end_s, step, outcome)

@@ -1,0 +1,199 @@
+"""Exact results the simulator can be held against: queueing formulas and order statistics.
+
+Pure functions of the scenario's parameters, no simulation. The validation suite
+(``tests/validation``) compares each with the simulator's replications; notebooks can call them
+to put a theoretical curve next to a simulated one.
+
+Lengths are the simulator's *discrete* distributions, not their continuous idealizations: an
+``exponential`` length is ``ceil(Exp(mean))``, a geometric variable, so its moments and the
+expected maximum of ``n`` of them are computed exactly from its probability mass function.
+Times are in seconds unless a name says otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import stats
+
+from simbatch.config import Choice, Device, Exponential, Fixed, LengthDist, Uniform, Zipf
+from simbatch.cost import step_time_s
+
+# An uncapped exponential length is cut where its survival probability falls below exp(-TAIL_MEANS)
+# (~1e-22): what is left out moves no moment by a relative 1e-15.
+_TAIL_MEANS = 50
+
+
+# --------------------------------------------------------------------------- lengths
+def length_pmf(dist: LengthDist) -> tuple[np.ndarray, np.ndarray]:
+    """(values, probabilities) of a length distribution, values increasing.
+
+    Exact for fixed, uniform, choice, zipf and exponential (``P(L = k) = q^(k-1) (1 - q)`` with
+    ``q = exp(-1/mean)``, the cap taking the whole tail; uncapped, the support runs to 50 means, so
+    its size grows with the mean). Lognormal and empirical lengths have no closed form here.
+    """
+    if isinstance(dist, Fixed):
+        return np.array([dist.value]), np.array([1.0])
+    if isinstance(dist, Uniform):
+        values = np.arange(dist.low, dist.high + 1)
+        return values, np.full(len(values), 1.0 / len(values))
+    if isinstance(dist, Choice):
+        weights = np.ones(len(dist.values)) if dist.weights is None else np.asarray(dist.weights, float)
+        values, where = np.unique(dist.values, return_inverse=True)
+        return values, np.bincount(where, weights=weights) / weights.sum()
+    if isinstance(dist, Zipf):
+        values = np.arange(dist.min, dist.max + 1)
+        mass = values.astype(float) ** -dist.a
+        return values, mass / mass.sum()
+    if isinstance(dist, Exponential):
+        last = dist.max if dist.max is not None else math.ceil(_TAIL_MEANS * dist.mean) + 1
+        values = np.arange(1, last + 1)
+        q = math.exp(-1.0 / dist.mean)
+        survival = q ** (values - 1.0)  # P(L >= k)
+        probs = survival - np.append(survival[1:], 0.0)
+        return values, probs
+    raise ValueError(f"no exact distribution for {dist.dist!r} lengths; use fixed, uniform, choice, "
+                     "zipf or exponential")
+
+
+def length_moments(dist: LengthDist) -> tuple[float, float]:
+    """(E[L], E[L^2]) of a length distribution, exactly."""
+    values, probs = length_pmf(dist)
+    values = values.astype(float)
+    return float(probs @ values), float(probs @ values**2)
+
+
+def expected_max_length(dist: LengthDist, n: int) -> float:
+    """E[max of ``n`` i.i.d. lengths] = sum_v v (F(v)^n - F(v-)^n), exactly.
+
+    For continuous exponential lengths this would be ``H_n * mean``
+    (:func:`expected_max_exponential`); the ceiling adds a little under one token.
+    """
+    values, probs = length_pmf(dist)
+    cdf_n = np.minimum(np.cumsum(probs), 1.0) ** n
+    return float(values.astype(float) @ np.diff(cdf_n, prepend=0.0))
+
+
+def harmonic_number(n: int) -> float:
+    """H_n = 1 + 1/2 + ... + 1/n."""
+    return float(np.sum(1.0 / np.arange(1, n + 1)))
+
+
+def expected_max_exponential(n: int, mean: float) -> float:
+    """E[max of ``n`` i.i.d. Exp(mean)] = H_n * mean: the max is a sum of independent exponential
+    gaps with means mean/n, mean/(n-1), ..., mean (Renyi's representation of order statistics)."""
+    return harmonic_number(n) * mean
+
+
+# --------------------------------------------------------------------------- one sequence at a time
+def single_sequence_service_moments_s(device: Device, prompt: LengthDist,
+                                      output: LengthDist) -> tuple[float, float]:
+    """(E[S], E[S^2]) of a request served alone (``max_num_seqs: 1``), prompt and output independent.
+
+    S = (tau0 + gamma P) + (O - 1)(tau0 + beta): one prefill step that also samples the first token,
+    then one single-sequence decode step per further token.
+    """
+    p1, p2 = length_moments(prompt)
+    o1, o2 = length_moments(output)
+    tau0, gamma = device.tau0_ms / 1e3, device.prefill_ms_per_token / 1e3
+    c = step_time_s(device, 1)
+    a1, a2 = tau0 + gamma * p1, tau0**2 + 2 * tau0 * gamma * p1 + gamma**2 * p2  # prefill step
+    d1, d2 = o1 - 1, o2 - 2 * o1 + 1  # E[O - 1], E[(O - 1)^2]
+    return a1 + c * d1, a2 + 2 * a1 * c * d1 + c**2 * d2
+
+
+def pk_mean_wait_s(arrival_rate: float, service_mean_s: float, service_second_moment_s2: float) -> float:
+    """Pollaczek-Khinchine: the M/G/1 FCFS mean wait in queue, Wq = lambda E[S^2] / (2 (1 - rho))."""
+    rho = arrival_rate * service_mean_s
+    if rho >= 1:
+        raise ValueError(f"utilization {rho:.3f} >= 1: the queue has no steady state")
+    return arrival_rate * service_second_moment_s2 / (2 * (1 - rho))
+
+
+# --------------------------------------------------------------------------- saturated batching
+def static_saturated_tokens_per_s(device: Device, batch_size: int, prompt_tokens: int,
+                                  output: LengthDist) -> float:
+    """Output tokens/s of static batching with a queue that never empties, fixed prompts.
+
+    A batch is one prefill step (which samples every first token) and then ``max(L) - 1`` decode
+    steps in which every slot, done or not, is computed. By renewal-reward over i.i.d. batches:
+    B E[L] / (tau(0, B p) + (E[max of B lengths] - 1) tau(B)).
+    """
+    cycle_s = step_time_s(device, 0, batch_size * prompt_tokens) + \
+        (expected_max_length(output, batch_size) - 1) * step_time_s(device, batch_size)
+    return batch_size * length_moments(output)[0] / cycle_s
+
+
+def continuous_request_cost_s(device: Device, batch_size: int, mean_output_tokens: float,
+                              mean_prompt_tokens: float) -> float:
+    """Device-seconds per request when continuous batching keeps all ``batch_size`` slots busy.
+
+    Every step holds ``batch_size`` sequences and samples one token for each, so a request's L
+    tokens take L/B of the steps' fixed cost; its slot costs beta in its L - 1 decode steps (its
+    prefill step charges gamma per prompt token instead). So tau0 E[L]/B + beta (E[L] - 1) + gamma E[P].
+    Its inverse is the saturated request rate (``cost.stability`` charges beta for all L tokens, a
+    slightly conservative capacity); E[L] over it the saturated output tokens/s.
+    """
+    tau0, beta, gamma = device.tau0_ms / 1e3, device.beta_ms / 1e3, device.prefill_ms_per_token / 1e3
+    return tau0 * mean_output_tokens / batch_size + beta * (mean_output_tokens - 1) + gamma * mean_prompt_tokens
+
+
+# --------------------------------------------------------------------------- dynamic batching (Inoue 2021)
+def inoue_batch_moments(arrival_rate: float, alpha_s: float, tau0_s: float) -> tuple[float, float]:
+    """(E[B], E[B^2]) of the batch size when an idle server takes everything waiting.
+
+    Y. Inoue, Performance Evaluation 147 (2021), arXiv:1912.06322: with Poisson arrivals and batch
+    time alpha b + tau0, the next batch holds the A arrivals during this one, or the single next
+    arrival if A = 0; A | B = b ~ Poisson(lambda (alpha b + tau0)). The batch sizes are a Markov
+    chain; its stationary law, on a support grown until the tail is below 1e-15, gives the moments.
+    """
+    if arrival_rate * alpha_s >= 1:
+        raise ValueError(f"lambda alpha = {arrival_rate * alpha_s:.3f} >= 1: batches grow without bound")
+    # Start the support at a few times the mean, E[B] ~ (lambda tau0 + 1) / (1 - lambda alpha).
+    size = 64 * math.ceil((arrival_rate * tau0_s + 1) / (1 - arrival_rate * alpha_s) / 8)
+    while True:
+        b = np.arange(1, size + 1)
+        means = arrival_rate * (alpha_s * b + tau0_s)
+        move = stats.poisson.pmf(b[None, :], means[:, None])  # move[i, j] = P(A = j + 1 | B = i + 1)
+        move[:, 0] += stats.poisson.pmf(0, means)  # no arrival: the next batch is the next single arrival
+        move[:, -1] += 1 - move.sum(axis=1)  # the truncated tail, measured below
+        # pi (P - I) = 0 has rank size - 1: replace its last equation by sum(pi) = 1.
+        system = (move - np.eye(size)).T
+        system[-1] = 1.0
+        pi = np.linalg.solve(system, np.append(np.zeros(size - 1), 1.0))
+        if pi[-1] < 1e-15:
+            return float(pi @ b), float(pi @ b.astype(float) ** 2)
+        size *= 2
+
+
+def inoue_mean_latency_s(arrival_rate: float, alpha_s: float, tau0_s: float, mean_batch: float,
+                         mean_batch_sq: float) -> float:
+    """Mean latency of a job under take-everything dynamic batching with batch time alpha b + tau0.
+
+    E[W] = alpha + tau0 + (1 + 2 lambda alpha)(E[B^2] - E[B]) / (2 lambda E[B])  (Inoue 2021).
+    A job waits out the batch in service (lambda E[S^2] / (2 E[B]) per job on average) and then its
+    own batch, of size-biased mean alpha E[B^2]/E[B] + tau0; Poisson arrivals during a batch give
+    E[B^2] - E[B] = lambda^2 E[S^2].
+    """
+    lam, a = arrival_rate, alpha_s
+    return a + tau0_s + (1 + 2 * lam * a) * (mean_batch_sq - mean_batch) / (2 * lam * mean_batch)
+
+
+def inoue_latency_bound_s(arrival_rate: float, alpha_s: float, tau0_s: float) -> float:
+    """Closed-form upper bound on :func:`inoue_mean_latency_s` (Inoue 2021, Theorem 2): min(phi0, phi1).
+
+    Substituting E[B] = (lambda tau0 + P(A = 0)) / (1 - lambda alpha) and
+    E[B^2] - E[B] = lambda^2 E[(alpha B + tau0)^2] makes E[W] decreasing in E[B]; the two lower
+    bounds E[B] >= 1 and E[B] >= lambda tau0 / (1 - lambda alpha) give
+
+        phi0 = (alpha + tau0) / (2 (1 - lambda alpha)) (1 + 2 lambda tau0 + (1 - lambda tau0) / (1 + lambda alpha))
+        phi1 = 3 tau0 / (2 (1 - lambda alpha)) + alpha (2 + lambda alpha) / (2 (1 - (lambda alpha)^2))
+    """
+    lam, a, t0 = arrival_rate, alpha_s, tau0_s
+    x = lam * a
+    if x >= 1:
+        raise ValueError(f"lambda alpha = {x:.3f} >= 1: batches grow without bound")
+    phi0 = (a + t0) / (2 * (1 - x)) * (1 + 2 * lam * t0 + (1 - lam * t0) / (1 + x))
+    phi1 = 1.5 * t0 / (1 - x) + a * (2 + x) / (2 * (1 - x * x))
+    return min(phi0, phi1)
