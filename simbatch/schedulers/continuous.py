@@ -5,8 +5,10 @@ Every step the running set is chosen afresh (Orca), and each request gets a slic
 
 1. **Decodes first.** Every running request that is decoding gets its one token, and one more KV
    block if it crosses a block boundary. If blocks are short, a victim is preempted and the
-   allocation retried; the victim is never the request itself. With no eligible victim left the
-   request stalls this step, keeping its blocks.
+   allocation retried. Victims rank below the requester (:mod:`simbatch.policies`: the newest
+   admitted, or the worst priority), so never the request itself, and never one that outranks it:
+   two requests short of memory cannot take turns evicting each other, the higher-ranked one always
+   progresses. With no such victim the request stalls this step, keeping its blocks.
 2. **Prefill chunks** of running requests fill what remains of the budget.
 3. **Admissions**: waiting requests, in policy order, while the budget, ``max_num_seqs`` and free
    blocks allow; the first that does not fit stops admission (no overtaking). No admissions happen in
@@ -66,6 +68,9 @@ class ContinuousScheduler(BaseScheduler):
         self._clock = 0  # steps executed: the number of the next step
         self._last_end_s = 0.0
         self._phase = [0] * kv.block_size  # members needing a new block in step t: _phase[t % block_size]
+        self._phase_members: list[dict[Request, None]] = [{} for _ in range(kv.block_size)]
+        self._granted_all = False  # every member that needed a block this step has it ...
+        self._granted: set[Request] = set()  # ... or only these (blocks were short)
         self._done: list[tuple[int, int, Request]] = []  # (clock after a member's last token, id, member)
         self._plan_used = 0  # blocks in use during the first step of the run planned last
 
@@ -80,10 +85,7 @@ class ContinuousScheduler(BaseScheduler):
         lone = [r for r in running if not r.prefill_pending and r not in group] \
             if len(running) > len(group) else []
         if (group or lone) and not self._reserve_decodes(lone):
-            self._dissolve()
-            for req in [r for r in running if not r.prefill_pending]:  # one at a time, preempting as needed
-                if req.status is Status.RUNNING and self._reserve(req, 1, now, plan):
-                    self._take(req, 1)
+            self._reserve_decodes_one_by_one(lone, now, plan)
         # Prefill chunks, when any running request has one (after a preemption, look: counts moved).
         if plan.num_preempted or len(running) > len(self._group) + len(lone):
             for req in list(running):  # a snapshot: victims leave self.running mid-loop
@@ -94,15 +96,16 @@ class ContinuousScheduler(BaseScheduler):
         if not plan.num_preempted:
             self._admit_waiting(now, plan)
 
-        if not self._sched and not self._group_reserved and self.running:
+        group_scheduled = self._group_reserved and bool(self._group)
+        if not self._sched and not group_scheduled and self.running:
             # Every running request stalled on memory with every victim protected by max_preemptions:
             # the cap yields to progress, or the engine would wait forever.
             self._preempt(max(self.running, key=self._victim_key), now, plan)
             return self._replan(now, plan)
 
-        if not self._sched and not self._group_reserved:
+        if not self._sched and not group_scheduled:
             return None  # nothing admissible; the arrival checks make this unreachable with an idle engine
-        if self._group_reserved:
+        if group_scheduled:
             plan.group = tuple(self._group)
         plan.slices = list(self._sched.items())
         plan.decode_seqs = len(plan.group)
@@ -129,9 +132,39 @@ class ContinuousScheduler(BaseScheduler):
             if e > 0:
                 req.blocks += e
             self._sched[req] = 1
-        self._group_reserved = bool(self._group)
+        self._group_reserved, self._granted_all = bool(self._group), True
         self._budget -= len(self._group) + len(lone)
         return True
+
+    def _reserve_decodes_one_by_one(self, lone: list[Request], now: float, plan: StepPlan) -> None:
+        """Blocks are short: the decodes that cross a block boundary, in running order, each take a
+        block, preempting others as needed (rule 1 of the module docstring). The other decodes need
+        nothing this step, so they are scheduled unless chosen as victims."""
+        bs = self.kv.block_size
+        self._group_reserved, self._granted_all, self._granted = bool(self._group), False, set()
+        self._budget -= len(self._group)
+        needers = list(self._phase_members[self._clock % bs])
+        for req in lone:
+            self._take(req, 1)
+            if (req.num_computed_tokens + bs) // bs > req.blocks:
+                needers.append(req)
+        needers.sort(key=lambda r: r.admitted_seq)
+        for req in needers:
+            if req.status is not Status.RUNNING:
+                continue  # preempted earlier in this loop
+            if req not in self._group:
+                if not self._reserve(req, 1, now, plan):
+                    self._budget += self._sched.pop(req)  # stalls, keeping its blocks
+                continue
+            while not self.kv.device.allocate(1):
+                victim = self._pick_victim(exclude=req)
+                if victim is None:
+                    self._leave(req)  # stalls: out of the lockstep until it samples again
+                    self._budget += 1
+                    break
+                self._preempt(victim, now, plan)
+            else:
+                self._granted.add(req)
 
     def _replan(self, now: float, carried: StepPlan) -> StepPlan | None:
         plan = self.schedule(now)
@@ -167,12 +200,25 @@ class ContinuousScheduler(BaseScheduler):
         return self.max_preemptions is None or req.num_preemptions < self.max_preemptions
 
     def _pick_victim(self, exclude: Request) -> Request | None:
-        candidates = [r for r in self.running if r is not exclude and self._eligible(r)]
+        """The lowest-ranked running request below ``exclude`` (the requester), if any."""
+        if not self.evicts_for_priority:
+            # Ranked by admission, and RUNNING is kept in admission order: look from the end.
+            for r in reversed(self.running):
+                if r.admitted_seq <= exclude.admitted_seq:
+                    return None
+                if self._eligible(r):
+                    return r
+            return None
+        rank = self._victim_key(exclude)
+        candidates = [r for r in self.running if self._victim_key(r) > rank and self._eligible(r)]
         return max(candidates, key=self._victim_key) if candidates else None
 
     def _preempt(self, victim: Request, now: float, plan: StepPlan) -> None:
         """RUNNING -> WAITING, with its KV swapped to the host if possible, else dropped for recompute."""
-        self._dissolve()
+        if victim in self._group:
+            self._leave(victim)
+            if self._group_reserved:
+                self._budget += 1
         self.running.remove(victim)
         if victim in self._sched:
             self._budget += self._sched.pop(victim)
@@ -227,12 +273,22 @@ class ContinuousScheduler(BaseScheduler):
     def _join(self, req: Request) -> None:
         """``req`` just sampled a token and goes on decoding: from now on it advances with the clock."""
         req.mark = self._clock
-        self._phase[(self._clock - req.num_computed_tokens) % self.kv.block_size] += 1
+        p = (self._clock - req.num_computed_tokens) % self.kv.block_size
+        self._phase[p] += 1
+        self._phase_members[p][req] = None
         heapq.heappush(self._done, (self._clock + req.output_tokens - req.num_generated, req.request_id, req))
         self._group[req] = None
 
+    def _leave(self, req: Request) -> None:
+        """Out of the lockstep, counters up to date (its heap entry goes stale: see _retire_done)."""
+        self._sync_member(req)
+        p = (req.mark - req.num_computed_tokens) % self.kv.block_size
+        self._phase[p] -= 1
+        del self._phase_members[p][req]
+        del self._group[req]
+
     def _sync_member(self, req: Request) -> None:
-        """Bring a member's counters to the clock; with the group's blocks reserved, count its new block."""
+        """Bring a member's counters to the clock, counting the block it holds for the step planned."""
         d = self._clock - req.mark
         if d:
             req.num_computed_tokens += d
@@ -240,24 +296,20 @@ class ContinuousScheduler(BaseScheduler):
             req.last_token_s = self._last_end_s
             req.last_token_step = self._clock - 1
             req.mark = self._clock
-        req.blocks = self.kv.blocks_for(req.num_computed_tokens + self._group_reserved)
-
-    def _dissolve(self) -> None:
-        """Every member back to one-at-a-time handling (a reserved step's decode becomes a listed slice)."""
-        if not self._group:
-            return
-        for req in self._group:
-            self._sync_member(req)
-            if self._group_reserved:
-                self._sched[req] = 1
-        self._group.clear()
-        self._done.clear()
-        self._phase = [0] * self.kv.block_size
-        self._group_reserved = False
+        planned = self._group_reserved and (self._granted_all or req in self._granted)
+        req.blocks = self.kv.blocks_for(req.num_computed_tokens + planned)
 
     def sync(self) -> None:
         for req in self._group:
             self._sync_member(req)
+
+    def _drop_stale(self) -> None:
+        done, group = self._done, self._group
+        while done:
+            t, _, req = done[0]
+            if req in group and t == req.mark + req.output_tokens - req.num_generated:
+                return
+            heapq.heappop(done)
 
     def _group_blocks(self, t0: int, t1: int) -> int:
         """Blocks the group takes in steps t0 .. t1 - 1."""
@@ -268,10 +320,10 @@ class ContinuousScheduler(BaseScheduler):
     def _retire_done(self, end_s: float, outcome: StepOutcome) -> None:
         done = self._done
         while done and done[0][0] <= self._clock:
-            _, _, req = heapq.heappop(done)
-            self._sync_member(req)
-            self._phase[(req.mark - req.num_computed_tokens) % self.kv.block_size] -= 1
-            del self._group[req]
+            t, _, req = heapq.heappop(done)
+            if req not in self._group or t != req.mark + req.output_tokens - req.num_generated:
+                continue  # left the lockstep since (preempted or stalled)
+            self._leave(req)
             self._retire(req, end_s)
             outcome.finished.append(req)
 
@@ -286,6 +338,7 @@ class ContinuousScheduler(BaseScheduler):
         if (plan.slices or plan.num_admitted or plan.num_preempted or plan.swap_blocks
                 or len(plan.group) != len(self.running) or not plan.group):
             return 1
+        self._drop_stale()
         k = self._done[0][0] - step  # the first completion happens in the k-th step of the run
         if k <= 1:
             return 1
@@ -334,9 +387,15 @@ class ContinuousScheduler(BaseScheduler):
         self._clock, self._last_end_s = step + n, end_s
         outcome = StepOutcome([], n * len(plan.group), [])
         self._retire_done(end_s, outcome)
-        if outcome.finished:
-            self.running = [r for r in self.running if r.status is Status.RUNNING]
+        self._drop_finished(outcome.finished)
         return outcome
+
+    def _drop_finished(self, finished: list[Request]) -> None:
+        if len(finished) < 8:
+            for req in finished:
+                self.running.remove(req)
+        elif finished:
+            self.running = [r for r in self.running if r.status is Status.RUNNING]
 
     # ---------------------------------------------------------------- execution
     def finish_step(self, plan: StepPlan, end_s: float, step: int) -> StepOutcome:
@@ -355,6 +414,5 @@ class ContinuousScheduler(BaseScheduler):
             else:
                 self._join(req)
         self._retire_done(end_s, outcome)
-        if outcome.finished:
-            self.running = [r for r in self.running if r.status is Status.RUNNING]
+        self._drop_finished(outcome.finished)
         return outcome
