@@ -60,6 +60,7 @@ class Replica:
         self._run_step_s = 0.0
         self._run_offset = 0
         self._run_ctx: tuple | None = None  # what a run of steps in progress needs to be applied early
+        self._step_ctx: tuple | None = None  # the single step in progress, to record if the clock stops
         # When the engine can say when the next request arrives here, runs end there by themselves.
         self.next_arrival_s: Callable[[], float] | None = None
         self.process = env.process(self._run())
@@ -121,7 +122,9 @@ class Replica:
             k = sched.repeatable_steps(plan, self.step) if self.fast_forward else 1
             if k == 1:
                 kv_sum = sched.kv_blocks_used
+                self._step_ctx = (now, plan, duration, num_running, num_waiting, kv_sum, contiguous)
                 yield env.timeout(duration)
+                self._step_ctx = None
                 outcome = sched.finish_step(plan, env.now, self.step)
                 self._record(now, 1, plan, duration, num_running, num_waiting, outcome.itl_tokens, kv_sum,
                              contiguous)
@@ -147,8 +150,17 @@ class Replica:
             contiguous = True
 
     def stop(self, at_s: float) -> None:
-        """The clock stopped at ``at_s``: apply the steps of a run in progress that ended before it,
-        as stepping one at a time would have (a step still in progress at the stop is not applied)."""
+        """The clock stopped at ``at_s``: settle what was in progress, as stepping would have.
+
+        Steps of a run that ended before the stop are applied. The step in progress at the stop is
+        recorded (it began: its admissions and preemptions happened) with no tokens (``itl_tokens``
+        0; its tokens never came), and not applied.
+        """
+        sched = self.scheduler
+        if self._step_ctx is not None:
+            start, plan, duration, num_running, num_waiting, kv_sum, contiguous = self._step_ctx
+            self._record(start, 1, plan, duration, num_running, num_waiting, 0, kv_sum, contiguous)
+            self._step_ctx = None
         if self._run_ctx is not None:
             plan, duration, num_running, num_waiting, contiguous = self._run_ctx
             start, done = self._run_start_s, self._run_offset
@@ -156,11 +168,12 @@ class Replica:
             if m > 0 and start + m * duration >= at_s:
                 m -= 1
             if m > 0:
-                sched = self.scheduler
                 self._record(start, m, plan, duration, num_running, num_waiting, plan.decode_seqs,
                              sched.kv_blocks_sum(done + m) - sched.kv_blocks_sum(done), contiguous)
+            self._record(start + m * duration, 1, plan, duration, num_running, num_waiting, 0,
+                         sched.kv_blocks_sum(done + m + 1) - sched.kv_blocks_sum(done + m), m > 0 or contiguous)
             if done + m > 0:
-                self.scheduler.finish_steps(plan, done + m, start + m * duration, self.step)
+                sched.finish_steps(plan, done + m, start + m * duration, self.step)
                 self.step += done + m
             self._run_ctx = None
         self.scheduler.sync()

@@ -8,6 +8,10 @@ Per request (the ``requests`` frame; times in seconds from the start of the run)
   undefined (NaN) for one-token outputs.
 - ``queue_s`` total time spent in WAITING, including waits after preemptions.
 
+Per engine step (the ``iterations`` frame): one row per run of identical consecutive steps. When
+``sim.max_time_s`` stops the clock mid-step, that step is a last row with ``itl_tokens`` 0: it began
+(its admissions and preemptions happened) but its tokens never came.
+
 Per token: ``itl`` (inter-token latency) is the gap between two consecutive tokens of one request,
 over every token after a request's first. A decoding request emits a token every step, so most
 gaps equal one step's duration; gaps across a preemption or a stall are recorded one by one.
@@ -149,7 +153,8 @@ def summarize(scenario: Scenario, requests: pd.DataFrame, iterations: pd.DataFra
         "littles_law_rel_error": abs(L - lam * W) / L if L > 0 else 0.0,
     }
     steps = iterations["num_steps"].to_numpy()
-    busy = iterations["duration_s"].to_numpy() * steps
+    # A step in progress when the clock stopped counts up to the stop.
+    busy = np.minimum(iterations["end_s"].to_numpy(), end_s) - iterations["start_s"].to_numpy()
     replicas = scenario.cluster.replicas
     out["server_utilization"] = float(busy.sum() / (duration * replicas)) if duration > 0 else math.nan
     out["num_steps"] = int(steps.sum())

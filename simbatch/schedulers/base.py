@@ -8,6 +8,8 @@ one of three answers:
 - ``None``: nothing to run until a request arrives.
 
 Tests build a scheduler, ``add`` requests, and step it by hand with ``schedule`` / ``finish_step``.
+A continuous scheduler advances its decoding requests lazily (in lockstep), so call ``sync()`` before
+reading a running request's counters.
 """
 
 from __future__ import annotations
