@@ -267,7 +267,9 @@ class Scheduler(_Model):
         default="recompute", description="What happens to a preempted request's KV blocks."
     )
     max_preemptions: PosInt | None = Field(
-        default=None, description="A request preempted this many times is not chosen as a victim again."
+        default=None,
+        description="A request preempted this many times is not chosen as a victim again, unless every "
+        "running request is stalled on memory (then the newest goes, or the engine would wait forever).",
     )
     max_waiting: PosInt | None = Field(
         default=None, description="Waiting-queue cap per replica; arrivals beyond it are rejected (429)."

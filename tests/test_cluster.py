@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import make_scenario
+from builders import make_scenario
 
 from simbatch import streams
 from simbatch.cost import decode_throughput, fleet_stability, stability

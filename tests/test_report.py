@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import make_scenario
+from builders import make_scenario
 from matplotlib.figure import Figure
 
 from simbatch import plots, report, results
