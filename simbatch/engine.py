@@ -11,10 +11,11 @@ import math
 from collections import deque
 from collections.abc import Callable
 
+import numpy as np
 import simpy
 
 from simbatch.config import Scenario
-from simbatch.cost import blocks_for, peak_kv_tokens, step_time_s
+from simbatch.cost import blocks_for, peak_kv_tokens
 from simbatch.metrics.recorder import Recorder
 from simbatch.request import Request
 from simbatch.router import Load, make_router, replica_scenarios
@@ -49,6 +50,7 @@ class Replica:
         self.env = env
         self.index = index
         self.device = scenario.device
+        self._cost_ms = (self.device.tau0_ms, self.device.beta_ms, self.device.prefill_ms_per_token)
         self.swap_s_per_block = scenario.kv_cache.swap_ms_per_block / 1e3
         self.fast_forward = scenario.sim.fast_forward
         self.scheduler: BaseScheduler = make_scheduler(scenario, tenant_names)
@@ -98,8 +100,10 @@ class Replica:
 
     # ---------------------------------------------------------------- the loop
     def step_duration_s(self, plan: StepPlan) -> float:
-        return step_time_s(self.device, plan.decode_seqs + plan.padded_decode_seqs,
-                           plan.prefill_tokens + plan.padded_prefill_tokens) + \
+        """:func:`simbatch.cost.step_time_s` of the plan, plus its swap traffic (same arithmetic)."""
+        tau0_ms, beta_ms, gamma_ms = self._cost_ms
+        return (tau0_ms + beta_ms * (plan.decode_seqs + plan.padded_decode_seqs)
+                + gamma_ms * (plan.prefill_tokens + plan.padded_prefill_tokens)) / 1e3 + \
             plan.swap_blocks * self.swap_s_per_block
 
     def _run(self):
@@ -271,6 +275,13 @@ class Engine:
         arrival_s = wl.arrival_s.tolist()
         prompts, outputs = wl.prompt_tokens.tolist(), wl.output_tokens.tolist()
         tenants, priorities = wl.tenant.tolist(), wl.priority.tolist()
+        single = len(replicas) == 1 and views is None
+        # Which requests each replica might reject, for all requests at once: the exact check
+        # (rejection_reason) then runs only for those few.
+        may_reject = [(wl.prompt_tokens + np.maximum(wl.output_tokens - 1, 0) >
+                       s.kv_cache.num_blocks * s.kv_cache.block_size) | (wl.prompt_tokens > s.batching.max_num_batched_tokens)
+                      for s in self.replica_scenarios]
+        may_reject = [m.tolist() for m in may_reject]
         for i, t in enumerate(arrival_s):
             self._next_arrival = i
             if t > env.now:
@@ -278,14 +289,17 @@ class Engine:
             now = env.now
             if self.on_progress is not None and i % 1024 == 0:
                 self.on_progress(now, i)
-            view = replicas if views is None else views.popleft()
             if max_in_flight is not None and \
                     sum(r.num_running + r.num_waiting for r in replicas) >= max_in_flight:
                 rec.reject(now, i, "cluster_full")
                 continue
-            replica = replicas[self.router.route(i, view)]
+            if single:
+                replica = replicas[0]
+            else:
+                replica = replicas[self.router.route(i, replicas if views is None else views.popleft())]
             rec.replica[i] = replica.index
-            reason = rejection_reason(self.replica_scenarios[replica.index], prompts[i], outputs[i])
+            reason = rejection_reason(self.replica_scenarios[replica.index], prompts[i], outputs[i]) \
+                if may_reject[replica.index][i] else None
             if reason is None and max_waiting is not None and replica.num_waiting >= max_waiting:
                 reason = "queue_full"
             if reason is not None:

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import math
+from array import array
 
 import numpy as np
 
@@ -26,6 +27,7 @@ UNFINISHED, FINISHED, REJECTED = 0, 1, 2
 SHAPE_COLUMNS = ("duration_s", "num_running", "num_waiting", "batch_size", "decode_tokens", "prefill_tokens",
                  "padded_tokens", "itl_tokens", "num_preempted", "swap_blocks")
 RUN_COLUMNS = ("replica", "start_s", "num_steps", *SHAPE_COLUMNS, "kv_blocks_sum")
+_FLOAT_COLUMNS = {"start_s", "duration_s"}
 
 
 class Recorder:
@@ -38,7 +40,8 @@ class Recorder:
         self.area_waiting = 0.0
         # Iteration runs: one open run per replica, closed runs as rows.
         self._open: list[list | None] = [None] * num_replicas
-        self.rows: list[list] = []
+        # Closed runs, column by column in flat arrays: millions of rows, no million Python objects.
+        self.columns = {name: array("d" if name in _FLOAT_COLUMNS else "q") for name in RUN_COLUMNS}
         self.stall_gaps_s: list[float] = []
         self.busy_s = [0.0] * num_replicas
         # Per-request outcomes.
@@ -112,15 +115,21 @@ class Recorder:
         """Record ``count`` identical consecutive steps (``shape`` in SHAPE_COLUMNS order)."""
         self.busy_s[replica] += shape[0] * count
         run = self._open[replica]
-        if run is not None and contiguous and tuple(run[3:3 + len(SHAPE_COLUMNS)]) == shape:
+        if run is not None and contiguous and run[3] == shape:
             run[2] += count
-            run[-1] += kv_blocks_sum
+            run[4] += kv_blocks_sum
             return
         self._flush(replica)
-        self._open[replica] = [replica, start_s, count, *shape, kv_blocks_sum]
+        self._open[replica] = [replica, start_s, count, shape, kv_blocks_sum]
 
     def _flush(self, replica: int) -> None:
         run = self._open[replica]
         if run is not None:
-            self.rows.append(run)
+            values = (run[0], run[1], run[2], *run[3], run[4])
+            for column, value in zip(self.columns.values(), values, strict=True):
+                column.append(value)
             self._open[replica] = None
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.columns["replica"])
