@@ -47,6 +47,6 @@ CASES = {
     "B2": ("1M requests, stable load", lambda: conversation(1_000_000), 60.0),
     "B3": ("10k requests, oversubscribed 5x (queue of thousands)",
            lambda: conversation(10_000, rate=STABLE_RATE * 5 / 0.70), None),
-    "B4": ("B1 with every output length doubled (rate halved: same utilization)",
+    "B4": ("B1 with every output length doubled (rate halved: the same decode load)",
            lambda: conversation(10_000, rate=STABLE_RATE / 2, output_scale=2.0), None),
 }

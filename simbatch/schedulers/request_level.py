@@ -148,16 +148,7 @@ class RequestLevelScheduler(BaseScheduler):
             req.num_generated += n
             req.last_token_s = end_s
             req.last_token_step = step + n - 1
-            if req.done:
-                req.status = Status.FINISHED
-                req.finish_s = end_s
-                self.waiting.on_release(req)
-                outcome.finished.append(req)
-        if outcome.finished:
-            self.running = [r for r in self.running if r.status is Status.RUNNING]
-        if not self.running:
-            self._end_batch()
-        return outcome
+        return self._settle(end_s, outcome)
 
     # ---------------------------------------------------------------- execution
     def finish_step(self, plan: StepPlan, end_s: float, step: int) -> StepOutcome:
@@ -167,6 +158,11 @@ class RequestLevelScheduler(BaseScheduler):
             req.num_computed_tokens += n
             req.prefill_pending = False
             self._emit_token(req, end_s, step, outcome)
+        return self._settle(end_s, outcome)
+
+    def _settle(self, end_s: float, outcome: StepOutcome) -> StepOutcome:
+        """Done requests finish (keeping their slots); the batch ends when none is left running."""
+        for req in self.running:
             if req.done:
                 req.status = Status.FINISHED
                 req.finish_s = end_s
