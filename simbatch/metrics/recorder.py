@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import math
-from array import array
 
 import numpy as np
 
@@ -27,7 +26,8 @@ UNFINISHED, FINISHED, REJECTED = 0, 1, 2
 SHAPE_COLUMNS = ("duration_s", "num_running", "num_waiting", "batch_size", "decode_tokens", "prefill_tokens",
                  "padded_tokens", "itl_tokens", "num_preempted", "swap_blocks")
 RUN_COLUMNS = ("replica", "start_s", "num_steps", *SHAPE_COLUMNS, "kv_blocks_sum")
-_FLOAT_COLUMNS = {"start_s", "duration_s"}
+FLOAT_COLUMNS = frozenset({"start_s", "duration_s"})
+_PACK_ROWS = 65_536  # closed runs kept as tuples until this many, then packed into one float array
 
 
 class Recorder:
@@ -40,8 +40,10 @@ class Recorder:
         self.area_waiting = 0.0
         # Iteration runs: one open run per replica, closed runs as rows.
         self._open: list[list | None] = [None] * num_replicas
-        # Closed runs, column by column in flat arrays: millions of rows, no million Python objects.
-        self.columns = {name: array("d" if name in _FLOAT_COLUMNS else "q") for name in RUN_COLUMNS}
+        # Closed runs: recent ones as tuples, older ones packed into float64 blocks (integers below
+        # 2**53 are exact), so millions of rows cost neither millions of objects nor slow appends.
+        self._rows: list[tuple] = []
+        self._packed: list[np.ndarray] = []
         self.stall_gaps_s: list[float] = []
         self.busy_s = [0.0] * num_replicas
         # Per-request outcomes.
@@ -125,11 +127,15 @@ class Recorder:
     def _flush(self, replica: int) -> None:
         run = self._open[replica]
         if run is not None:
-            values = (run[0], run[1], run[2], *run[3], run[4])
-            for column, value in zip(self.columns.values(), values, strict=True):
-                column.append(value)
+            self._rows.append((run[0], run[1], run[2], *run[3], run[4]))
             self._open[replica] = None
+            if len(self._rows) >= _PACK_ROWS:
+                self._packed.append(np.array(self._rows, dtype=np.float64))
+                self._rows = []
 
-    @property
-    def num_rows(self) -> int:
-        return len(self.columns["replica"])
+    def runs(self) -> dict[str, np.ndarray]:
+        """Every closed run, column by column (call after ``close``)."""
+        blocks = [*self._packed, np.array(self._rows, dtype=np.float64).reshape(-1, len(RUN_COLUMNS))]
+        table = np.concatenate(blocks)
+        return {name: table[:, i] if name in FLOAT_COLUMNS else table[:, i].astype(np.int64)
+                for i, name in enumerate(RUN_COLUMNS)}

@@ -94,8 +94,7 @@ def requests_frame(wl: WorkloadArrays, rec: Recorder) -> pd.DataFrame:
 
 
 def iterations_frame(rec: Recorder) -> pd.DataFrame:
-    frame = pd.DataFrame({name: np.frombuffer(col, dtype=np.float64 if col.typecode == "d" else np.int64)
-                          for name, col in rec.columns.items()}, columns=list(RUN_COLUMNS))
+    frame = pd.DataFrame(rec.runs(), columns=list(RUN_COLUMNS))
     # Per replica, in time order: a total order that rounding cannot perturb (unlike time first).
     frame = frame.sort_values(["replica", "start_s"], kind="stable", ignore_index=True)
     frame["kv_blocks_used"] = frame.pop("kv_blocks_sum") / frame["num_steps"]
