@@ -62,6 +62,8 @@ class ContinuousScheduler(BaseScheduler):
         self._budget = 0
         self._fifo = s.policy == "fcfs"
         self._waiting_at_plan = 0
+        # Running requests with a prefill pending, in running (admission) order.
+        self._prefilling: dict[Request, None] = {}
         # The lockstep group (module docstring).
         self._group: dict[Request, None] = {}
         self._group_reserved = False  # the group holds its blocks for the step being planned
@@ -82,14 +84,14 @@ class ContinuousScheduler(BaseScheduler):
         self._sched, self._budget = {}, self.token_budget
         self._group_reserved = False
         running, group = self.running, self._group
+        prefilling = self._prefilling
         lone = [r for r in running if not r.prefill_pending and r not in group] \
-            if len(running) > len(group) else []
+            if len(running) > len(group) + len(prefilling) else []
         if (group or lone) and not self._reserve_decodes(lone):
             self._reserve_decodes_one_by_one(lone, now, plan)
-        # Prefill chunks, when any running request has one (after a preemption, look: counts moved).
-        if plan.num_preempted or len(running) > len(self._group) + len(lone):
-            for req in list(running):  # a snapshot: victims leave self.running mid-loop
-                if req.status is Status.RUNNING and req.prefill_pending and req not in self._sched:
+        if prefilling:
+            for req in list(prefilling):  # a snapshot: victims leave mid-loop
+                if req.status is Status.RUNNING and req not in self._sched:
                     n = self._chunk(req)
                     if n and self._reserve(req, n, now, plan):
                         self._take(req, n)
@@ -220,6 +222,7 @@ class ContinuousScheduler(BaseScheduler):
             if self._group_reserved:
                 self._budget += 1
         self.running.remove(victim)
+        self._prefilling.pop(victim, None)
         if victim in self._sched:
             self._budget += self._sched.pop(victim)
         self.waiting.on_release(victim)
@@ -253,6 +256,8 @@ class ContinuousScheduler(BaseScheduler):
                 self.kv.swap_in(req)
             self.kv.grow(req, req.num_computed_tokens + n)
             self._admit(req, now)
+            if req.prefill_pending:
+                self._prefilling[req] = None
             plan.num_admitted += 1
             self._take(req, n)
 
@@ -302,6 +307,11 @@ class ContinuousScheduler(BaseScheduler):
     def sync(self) -> None:
         for req in self._group:
             self._sync_member(req)
+
+    def check_invariants(self) -> None:
+        super().check_invariants()
+        assert list(self._prefilling) == [r for r in self.running if r.prefill_pending], "prefilling set drifted"
+        assert all(r in self.running and not r.prefill_pending for r in self._group), "lockstep group drifted"
 
     def _drop_stale(self) -> None:
         done, group = self._done, self._group
@@ -406,7 +416,9 @@ class ContinuousScheduler(BaseScheduler):
             req.num_computed_tokens += n
             if req.num_computed_tokens < req.prompt_tokens + req.num_generated:
                 continue  # a prefill chunk with more to come
-            req.prefill_pending = False
+            if req.prefill_pending:
+                req.prefill_pending = False
+                del self._prefilling[req]
             self._emit_token(req, end_s, step, outcome)
             if req.num_generated >= req.output_tokens:
                 self._retire(req, end_s)
