@@ -45,7 +45,6 @@ class Recorder:
         self._rows: list[tuple] = []
         self._packed: list[np.ndarray] = []
         self.stall_gaps_s: list[float] = []
-        self.busy_s = [0.0] * num_replicas
         # Per-request outcomes.
         n = num_requests
         self.replica = np.full(n, -1, dtype=np.int32)
@@ -115,7 +114,6 @@ class Recorder:
     def steps(self, replica: int, start_s: float, count: int, shape: tuple, kv_blocks_sum: int,
               contiguous: bool) -> None:
         """Record ``count`` identical consecutive steps (``shape`` in SHAPE_COLUMNS order)."""
-        self.busy_s[replica] += shape[0] * count
         run = self._open[replica]
         if run is not None and contiguous and run[3] == shape:
             run[2] += count
