@@ -11,7 +11,6 @@ import math
 from collections import deque
 from collections.abc import Callable
 
-import numpy as np
 import simpy
 
 from simbatch.config import Scenario
@@ -49,8 +48,8 @@ class Replica:
                  tenant_names: tuple[str, ...], check_invariants: bool = False):
         self.env = env
         self.index = index
-        self.device = scenario.device
-        self._cost_ms = (self.device.tau0_ms, self.device.beta_ms, self.device.prefill_ms_per_token)
+        self.device = device = scenario.device
+        self._cost_ms = (device.tau0_ms, device.beta_ms, device.prefill_ms_per_token)
         self.swap_s_per_block = scenario.kv_cache.swap_ms_per_block / 1e3
         self.fast_forward = scenario.sim.fast_forward
         self.scheduler: BaseScheduler = make_scheduler(scenario, tenant_names)
@@ -276,12 +275,6 @@ class Engine:
         prompts, outputs = wl.prompt_tokens.tolist(), wl.output_tokens.tolist()
         tenants, priorities = wl.tenant.tolist(), wl.priority.tolist()
         single = len(replicas) == 1 and views is None
-        # Which requests each replica might reject, for all requests at once: the exact check
-        # (rejection_reason) then runs only for those few.
-        may_reject = [(wl.prompt_tokens + np.maximum(wl.output_tokens - 1, 0) >
-                       s.kv_cache.num_blocks * s.kv_cache.block_size) | (wl.prompt_tokens > s.batching.max_num_batched_tokens)
-                      for s in self.replica_scenarios]
-        may_reject = [m.tolist() for m in may_reject]
         for i, t in enumerate(arrival_s):
             self._next_arrival = i
             if t > env.now:
@@ -298,8 +291,7 @@ class Engine:
             else:
                 replica = replicas[self.router.route(i, replicas if views is None else views.popleft())]
             rec.replica[i] = replica.index
-            reason = rejection_reason(self.replica_scenarios[replica.index], prompts[i], outputs[i]) \
-                if may_reject[replica.index][i] else None
+            reason = rejection_reason(self.replica_scenarios[replica.index], prompts[i], outputs[i])
             if reason is None and max_waiting is not None and replica.num_waiting >= max_waiting:
                 reason = "queue_full"
             if reason is not None:
