@@ -54,9 +54,9 @@ def peak_kv_tokens(prompt_tokens: int, output_tokens: int) -> int:
     """Tokens a request holds in the KV cache at its largest.
 
     The last generated token is emitted and never fed back, so it is never cached:
-    prompt + output - 1 tokens (at least the prompt).
+    prompt + output - 1 tokens (at least the prompt). Takes ints or NumPy arrays alike.
     """
-    return prompt_tokens + max(output_tokens - 1, 0)
+    return prompt_tokens + (output_tokens > 0) * (output_tokens - 1)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,13 @@
 The engine loop asks its scheduler for a plan, holds the GPU for the plan's step time (one
 ``timeout`` per step), applies the step, and repeats. With nothing to do it sleeps, without ticking,
 until a request arrives or a batching timer falls due.
+
+A lone replica that nobody observes (no router, no delayed snapshots) may *run ahead*: a step that
+ends before the next arrival and before ``sim.max_time_s`` cannot be affected by anything outside
+the replica, so it is applied at once, on the replica's own clock, without a SimPy event. The
+replica yields only for the step during which the next request arrives (or the clock stops), so
+SimPy still orders every interaction, and the model's state at every arrival is what stepping
+one event at a time gives.
 """
 
 from __future__ import annotations
@@ -11,28 +18,40 @@ import math
 from collections import deque
 from collections.abc import Callable
 
+import numpy as np
 import simpy
 
 from simbatch.config import Scenario
 from simbatch.cost import blocks_for, peak_kv_tokens
-from simbatch.metrics.recorder import Recorder
+from simbatch.metrics.recorder import SHAPE_COLUMNS, Recorder
 from simbatch.request import Request
 from simbatch.router import Load, make_router, replica_scenarios
 from simbatch.schedulers import BaseScheduler, StepPlan, make_scheduler
 from simbatch.workload import WorkloadArrays
 
 
-def rejection_reason(scenario: Scenario, prompt_tokens: int, output_tokens: int) -> str | None:
-    """Why a request can never be served by an engine of this scenario, or None if it can.
+def rejection_reasons(scenario: Scenario, prompt_tokens: np.ndarray, output_tokens: np.ndarray) -> dict[int, str]:
+    """The requests an engine of this scenario can never serve: {index: reason} (all others: none).
 
-    Checked at arrival so that the simulation never waits on a request that cannot fit.
+    Checked at arrival so that the simulation never waits on a request that cannot fit; computed for
+    the whole workload at once, since lengths are known in advance.
     """
     kv, b = scenario.kv_cache, scenario.batching
-    if blocks_for(peak_kv_tokens(prompt_tokens, output_tokens), kv.block_size) > kv.num_blocks:
-        return "never_fits"
-    if b.mode == "continuous" and not b.enable_chunked_prefill and prompt_tokens > b.max_num_batched_tokens:
-        return "prompt_exceeds_budget"
-    return None
+    reasons: dict[int, str] = {}
+    if b.mode == "continuous" and not b.enable_chunked_prefill:
+        reasons.update(dict.fromkeys(np.flatnonzero(prompt_tokens > b.max_num_batched_tokens).tolist(),
+                                     "prompt_exceeds_budget"))
+    never_fits = blocks_for(peak_kv_tokens(prompt_tokens, output_tokens), kv.block_size) > kv.num_blocks
+    reasons.update(dict.fromkeys(np.flatnonzero(never_fits).tolist(), "never_fits"))
+    return reasons
+
+
+_WAITING, _ITL = SHAPE_COLUMNS.index("num_waiting"), SHAPE_COLUMNS.index("itl_tokens")
+
+
+def _without_tokens(shape: tuple) -> tuple:
+    """The row of a step cut short by the clock: it began, but its tokens never came."""
+    return (*shape[:_ITL], 0, *shape[_ITL + 1:])
 
 
 class Replica:
@@ -62,8 +81,13 @@ class Replica:
         self._run_offset = 0
         self._run_ctx: tuple | None = None  # what a run of steps in progress needs to be applied early
         self._step_ctx: tuple | None = None  # the single step in progress, to record if the clock stops
-        # When the engine can say when the next request arrives here, runs end there by themselves.
-        self.next_arrival_s: Callable[[], float] | None = None
+        # Set by the arrival process when every request comes here: when the next one arrives
+        # (inf after the last). Runs of steps then end there by themselves instead of being woken.
+        self.next_arrival_at_s: float | None = None
+        # Whether the replica may run ahead of SimPy's clock (module docstring), up to the next
+        # arrival and to stop_at_s.
+        self.run_ahead = False
+        self.stop_at_s = math.inf if scenario.sim.max_time_s is None else scenario.sim.max_time_s
         self.process = env.process(self._run())
 
     # ---------------------------------------------------------------- what the router sees
@@ -106,51 +130,71 @@ class Replica:
             plan.swap_blocks * self.swap_s_per_block
 
     def _run(self):
-        env, sched, rec = self.env, self.scheduler, self.recorder
-        contiguous = False
+        env, sched, rec, index = self.env, self.scheduler, self.recorder, self.index
+        # Bound once: this loop runs a few times per request.
+        schedule, repeatable_steps, record = sched.schedule, sched.repeatable_steps, rec.steps
+        step_duration_s = self.step_duration_s
+        fast_forward, run_ahead, stop_at_s = self.fast_forward, self.run_ahead, self.stop_at_s
+        contiguous, now = False, env.now  # now: this replica's clock, ahead of env.now when running ahead
         while True:
-            now = env.now
-            plan = sched.schedule(now)
-            if not isinstance(plan, StepPlan):
+            plan = schedule(now)
+            if plan.__class__ is not StepPlan:
                 self._wake = env.event()
-                yield self._wake if plan is None else (self._wake | env.timeout(plan - now))
+                yield self._wake if plan is None else (self._wake | env.timeout(plan - env.now))
                 self._wake = None
-                contiguous = False
+                contiguous, now = False, env.now
                 continue
             if self.check:
                 sched.check_invariants()
-            rec.waiting_change(now, plan.num_preempted - plan.num_admitted)
-            duration = self.step_duration_s(plan)
-            num_running, num_waiting = sched.num_running, sched.num_waiting
-            k = sched.repeatable_steps(plan, self.step) if self.fast_forward else 1
+            if plan.num_preempted or plan.num_admitted:
+                rec.waiting_change(now, plan.num_preempted - plan.num_admitted)
+            duration = step_duration_s(plan)
+            # The row of these steps, in SHAPE_COLUMNS order.
+            shape = (duration, len(sched.running), len(sched.waiting), len(plan.group) + len(plan.slices),
+                     plan.decode_seqs, plan.prefill_tokens, plan.padded_decode_seqs + plan.padded_prefill_tokens,
+                     plan.decode_seqs, plan.num_preempted, plan.swap_blocks)
+            k = repeatable_steps(plan, self.step) if fast_forward else 1
             if k == 1:
                 kv_sum = sched.kv_blocks_used
-                self._step_ctx = (now, plan, duration, num_running, num_waiting, kv_sum, contiguous)
-                yield env.timeout(duration)
-                self._step_ctx = None
-                outcome = sched.finish_step(plan, env.now, self.step)
-                self._record(now, 1, plan, duration, num_running, num_waiting, outcome.itl_tokens, kv_sum,
-                             contiguous)
+                end = now + duration
+                if not run_ahead or end >= self.next_arrival_at_s or end >= stop_at_s:
+                    self._step_ctx = (now, shape, kv_sum, contiguous)
+                    yield env.timeout(duration if env.now == now else end - env.now)
+                    self._step_ctx = None
+                outcome = sched.finish_step(plan, end, self.step)
+                if outcome.itl_tokens != plan.decode_seqs:  # a token after a pause, or a first token
+                    shape = (*shape[:_ITL], outcome.itl_tokens, *shape[_ITL + 1:])
+                record(index, now, 1, shape, kv_sum, contiguous)
                 n = 1
             else:
                 n, start = 0, now  # steps of this plan done so far; start of the part in progress
                 while n < k:
-                    self._run_ctx = (plan, duration, num_running, num_waiting, contiguous)
-                    m, cut = yield from self._run_of_steps(start, duration, n, k - n)
-                    self._record(start, m, plan, duration, num_running, num_waiting, plan.decode_seqs,
-                                 sched.kv_blocks_sum(n + m) - sched.kv_blocks_sum(n), contiguous)
-                    n, start, contiguous = n + m, start + m * duration, True
+                    self._run_ctx = (plan, shape, contiguous)
+                    self._run_start_s, self._run_step_s, self._run_offset = start, duration, n
+                    if self.next_arrival_at_s is not None:
+                        m, cut = self._steps_before_arrival(start, duration, k - n)
+                        end = start + m * duration
+                        if not run_ahead or cut or end >= stop_at_s:
+                            yield env.timeout(m * duration if env.now == start else end - env.now)
+                    else:
+                        m, cut = yield from self._run_of_steps(start, duration, k - n)
+                        end = start + m * duration
+                    self._run_step_s = 0.0
+                    kv_sum = sched.kv_blocks_sum(n + m) - sched.kv_blocks_sum(n) if n else sched.kv_blocks_sum(m)
+                    record(index, start, m, shape, kv_sum, contiguous)
+                    n, start, contiguous = n + m, end, True
                     if cut and not sched.plan_survives_arrivals():
                         break
                     # The arrival only lengthened WAITING: the same plan runs on, recorded anew.
-                    num_waiting = sched.num_waiting
+                    shape = (*shape[:_WAITING], len(sched.waiting), *shape[_WAITING + 1:])
                 self._run_ctx = None
-                outcome = sched.finish_steps(plan, n, env.now, self.step)
+                outcome = sched.finish_steps(plan, n, end, self.step)
             self.step += n
-            rec.stall_gaps_s.extend(outcome.stall_gaps_s)
-            for req in outcome.finished:
-                rec.finish(env.now, req)
-            contiguous = True
+            if outcome.stall_gaps_s:
+                rec.stall_gaps_s.extend(outcome.stall_gaps_s)
+            if outcome.finished:
+                rec.finish(end, outcome.finished)
+            contiguous, now = True, end
 
     def stop(self, at_s: float) -> None:
         """The clock stopped at ``at_s``: settle what was in progress, as stepping would have.
@@ -159,48 +203,44 @@ class Replica:
         recorded (it began: its admissions and preemptions happened) with no tokens (``itl_tokens``
         0; its tokens never came), and not applied.
         """
-        sched = self.scheduler
+        sched, rec = self.scheduler, self.recorder
         if self._step_ctx is not None:
-            start, plan, duration, num_running, num_waiting, kv_sum, contiguous = self._step_ctx
-            self._record(start, 1, plan, duration, num_running, num_waiting, 0, kv_sum, contiguous)
+            start, shape, kv_sum, contiguous = self._step_ctx
+            rec.steps(self.index, start, 1, _without_tokens(shape), kv_sum, contiguous)
             self._step_ctx = None
         if self._run_ctx is not None:
-            plan, duration, num_running, num_waiting, contiguous = self._run_ctx
-            start, done = self._run_start_s, self._run_offset
+            plan, shape, contiguous = self._run_ctx
+            start, done, duration = self._run_start_s, self._run_offset, shape[0]
             m = int((at_s - start) // duration)
             if m > 0 and start + m * duration >= at_s:
                 m -= 1
             if m > 0:
-                self._record(start, m, plan, duration, num_running, num_waiting, plan.decode_seqs,
-                             sched.kv_blocks_sum(done + m) - sched.kv_blocks_sum(done), contiguous)
-            self._record(start + m * duration, 1, plan, duration, num_running, num_waiting, 0,
-                         sched.kv_blocks_sum(done + m + 1) - sched.kv_blocks_sum(done + m), m > 0 or contiguous)
+                rec.steps(self.index, start, m, shape, sched.kv_blocks_sum(done + m) - sched.kv_blocks_sum(done),
+                          contiguous)
+            rec.steps(self.index, start + m * duration, 1, _without_tokens(shape),
+                      sched.kv_blocks_sum(done + m + 1) - sched.kv_blocks_sum(done + m), m > 0 or contiguous)
             if done + m > 0:
                 sched.finish_steps(plan, done + m, start + m * duration, self.step)
                 self.step += done + m
             self._run_ctx = None
         self.scheduler.sync()
 
-    def _record(self, start_s: float, n: int, plan: StepPlan, duration: float, num_running: int,
-                num_waiting: int, itl_tokens: int, kv_sum: int, contiguous: bool) -> None:
-        shape = (duration, num_running, num_waiting, plan.batch_size, plan.decode_seqs, plan.prefill_tokens,
-                 plan.padded_tokens, itl_tokens, plan.num_preempted, plan.swap_blocks)
-        self.recorder.steps(self.index, start_s, n, shape, kv_sum, contiguous)
+    def _steps_before_arrival(self, start_s: float, step_s: float, k: int) -> tuple[int, bool]:
+        """Of up to ``k`` steps from ``start_s``, how many run before the next arrival here is seen.
 
-    def _run_of_steps(self, start_s: float, step_s: float, offset: int, k: int):
-        """Hold the GPU for up to ``k`` steps of a run already ``offset`` steps in.
+        The step during which it arrives is the last one. Returns (steps, whether the arrival cut the run).
+        """
+        t_next = self.next_arrival_at_s
+        if t_next < start_s + k * step_s:
+            return min(int((t_next - start_s) // step_s) + 1, k), True
+        return k, False
+
+    def _run_of_steps(self, start_s: float, step_s: float, k: int):
+        """Hold the GPU for up to ``k`` steps, or until an arrival is seen (woken by ``submit``).
 
         Returns (steps done, whether an arrival cut the run short).
         """
         env = self.env
-        self._run_start_s, self._run_step_s, self._run_offset = start_s, step_s, offset
-        if self.next_arrival_s is not None:
-            # The step during which the next request arrives is the last one before it is seen.
-            t_next = self.next_arrival_s()
-            n = min(int((t_next - start_s) // step_s) + 1, k) if t_next < start_s + k * step_s else k
-            yield env.timeout(n * step_s)
-            self._run_step_s = 0.0
-            return n, n < k or t_next < start_s + k * step_s
         self._wake = env.event()
         yield self._wake | env.timeout(k * step_s)
         n, cut = k, False
@@ -212,7 +252,6 @@ class Replica:
             if end_s > env.now:
                 yield env.timeout(end_s - env.now)
         self._wake = None
-        self._run_step_s = 0.0
         return n, cut
 
     @property
@@ -240,11 +279,10 @@ class Engine:
         if scenario.cluster.signal_delay_ms > 0:
             self._views = deque()
             self.env.process(self._observe())  # first, so that it snapshots t <= 0 before any arrival
-        self._next_arrival = 0  # index of the next request the arrival process will bring
-        if len(self.replicas) == 1:
-            # Every request comes to the one replica: its runs of steps can stop where the next
-            # arrival will be seen, instead of being woken and cut.
-            self.replicas[0].next_arrival_s = self._next_arrival_s
+        self._arrival_s = workload.arrival_s.tolist()  # floats: faster to read one at a time than NumPy's
+        # A lone replica is told when each request will arrive (see _arrivals), and unless
+        # snapshots read its state in between, it may run ahead up to there.
+        self.replicas[0].run_ahead = len(self.replicas) == 1 and self._views is None
         self.env.process(self._arrivals())
 
     def _observe(self):
@@ -255,7 +293,7 @@ class Engine:
         refreshed at some polling period. Cost: one event and one snapshot of N replicas per arrival.
         """
         env, delay_s = self.env, self.scenario.cluster.signal_delay_ms / 1e3
-        for t in self.workload.arrival_s.tolist():
+        for t in self._arrival_s:
             if t - delay_s > env.now:
                 yield env.timeout(t - delay_s - env.now)
             self._views.append(tuple(Load.of(r) for r in self.replicas))
@@ -265,21 +303,25 @@ class Engine:
 
         Rejection reasons: ``cluster_full`` (``cluster.max_in_flight`` requests already in the
         cluster; never routed), then, at the replica the router chose, ``never_fits`` or
-        ``prompt_exceeds_budget`` (see :func:`rejection_reason`) and ``queue_full``
+        ``prompt_exceeds_budget`` (see :func:`rejection_reasons`) and ``queue_full``
         (``scheduler.max_waiting``). A routed request records its replica even when rejected.
         """
         env, wl, rec, sc = self.env, self.workload, self.recorder, self.scenario
         max_waiting, max_in_flight = sc.scheduler.max_waiting, sc.cluster.max_in_flight
         replicas, views = self.replicas, self._views
-        arrival_s = wl.arrival_s.tolist()
+        arrival_s = self._arrival_s
         prompts, outputs = wl.prompt_tokens.tolist(), wl.output_tokens.tolist()
         tenants, priorities = wl.tenant.tolist(), wl.priority.tolist()
         single = len(replicas) == 1 and views is None
+        lone = replicas[0] if len(replicas) == 1 else None  # told when each request will arrive
+        rejected = [rejection_reasons(s, wl.prompt_tokens, wl.output_tokens) for s in self.replica_scenarios]
         for i, t in enumerate(arrival_s):
-            self._next_arrival = i
-            if t > env.now:
-                yield env.timeout(t - env.now)
+            if lone is not None:
+                lone.next_arrival_at_s = t
             now = env.now
+            if t > now:
+                yield env.timeout(t - now)
+                now = env.now
             if self.on_progress is not None and i % 1024 == 0:
                 self.on_progress(now, i)
             if max_in_flight is not None and \
@@ -291,7 +333,7 @@ class Engine:
             else:
                 replica = replicas[self.router.route(i, replicas if views is None else views.popleft())]
             rec.replica[i] = replica.index
-            reason = rejection_reason(self.replica_scenarios[replica.index], prompts[i], outputs[i])
+            reason = rejected[replica.index].get(i)
             if reason is None and max_waiting is not None and replica.num_waiting >= max_waiting:
                 reason = "queue_full"
             if reason is not None:
@@ -299,13 +341,10 @@ class Engine:
                 continue
             rec.arrive(now, i)
             replica.submit(Request(i, t, prompts[i], outputs[i], tenants[i], priorities[i]))
-        self._next_arrival = len(arrival_s)
+        if lone is not None:
+            lone.next_arrival_at_s = math.inf
         for replica in replicas:
             replica.close()
-
-    def _next_arrival_s(self) -> float:
-        i = self._next_arrival
-        return self.workload.arrival_s[i] if i < len(self.workload) else math.inf
 
     def run(self) -> float:
         """Run to the end (drained, or ``sim.max_time_s``); returns the end time of the run, s."""

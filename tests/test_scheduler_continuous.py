@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from builders import Driver, make_scenario, req, tokens
 
-from simbatch.engine import rejection_reason
+from simbatch.engine import rejection_reasons
 from simbatch.request import Status
 
 
@@ -123,6 +124,10 @@ def test_without_chunking_a_prompt_must_fit_whole_and_nothing_overtakes_it():
     assert b.status is Status.WAITING and c.status is Status.WAITING
     plan, _ = d.run()
     assert tokens(plan) == {0: 1, 1: 8, 2: 2}
+
+
+def rejection_reason(scenario, prompt_tokens: int, output_tokens: int) -> str | None:
+    return rejection_reasons(scenario, np.array([prompt_tokens]), np.array([output_tokens])).get(0)
 
 
 def test_prompts_that_can_never_run_are_rejected_at_arrival():

@@ -83,11 +83,12 @@ class Recorder:
             self._advance(now)
             self.n_waiting += delta
 
-    def finish(self, now: float, req: Request) -> None:
+    def finish(self, now: float, requests: list[Request]) -> None:
         self._advance(now)
-        self.n_system -= 1
-        self.status[req.request_id] = FINISHED
-        self._store(req)
+        self.n_system -= len(requests)
+        for req in requests:
+            self.status[req.request_id] = FINISHED
+            self._store(req)
 
     def _store(self, req: Request) -> None:
         i = req.request_id
@@ -107,29 +108,29 @@ class Recorder:
 
     def close(self, end_s: float) -> None:
         self._advance(end_s)
-        for replica in range(len(self._open)):
-            self._flush(replica)
+        for replica, run in enumerate(self._open):
+            if run is not None:
+                self._close_run(run)
+                self._open[replica] = None
 
     # ---------------------------------------------------------------- iteration runs
     def steps(self, replica: int, start_s: float, count: int, shape: tuple, kv_blocks_sum: int,
               contiguous: bool) -> None:
         """Record ``count`` identical consecutive steps (``shape`` in SHAPE_COLUMNS order)."""
         run = self._open[replica]
-        if run is not None and contiguous and run[3] == shape:
-            run[2] += count
-            run[4] += kv_blocks_sum
-            return
-        self._flush(replica)
+        if run is not None:
+            if contiguous and run[3] == shape:
+                run[2] += count
+                run[4] += kv_blocks_sum
+                return
+            self._close_run(run)
         self._open[replica] = [replica, start_s, count, shape, kv_blocks_sum]
 
-    def _flush(self, replica: int) -> None:
-        run = self._open[replica]
-        if run is not None:
-            self._rows.append((run[0], run[1], run[2], *run[3], run[4]))
-            self._open[replica] = None
-            if len(self._rows) >= _PACK_ROWS:
-                self._packed.append(np.array(self._rows, dtype=np.float64))
-                self._rows = []
+    def _close_run(self, run: list) -> None:
+        self._rows.append((run[0], run[1], run[2], *run[3], run[4]))
+        if len(self._rows) >= _PACK_ROWS:
+            self._packed.append(np.array(self._rows, dtype=np.float64))
+            self._rows = []
 
     def runs(self) -> dict[str, np.ndarray]:
         """Every closed run, column by column (call after ``close``)."""

@@ -2,36 +2,60 @@
 
 ``weighted_quantile`` equals ``numpy.quantile`` (its default, linear method) on the sample expanded
 by the integer weights, without expanding it: the ITL of a million tokens costs the size of its runs.
+Weights ``None`` mean one entry per value.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
 
-def weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
+def weighted_quantiles(values: np.ndarray, weights: np.ndarray | None, qs: Sequence[float]) -> list[float]:
+    """``weighted_quantile`` at each of ``qs``, sorting the sample once for all of them.
+
+    The expanded sample has n = sum(weights) entries, and quantile q lies at rank h = q (n - 1),
+    between the entries at ranks floor(h) and floor(h) + 1. With the values sorted, the entry at
+    rank r is the first value whose cumulative weight exceeds r. Tied values are interchangeable,
+    so any sort, not only a stable one, puts the same value at each rank.
+    """
     values = np.asarray(values, dtype=float)
-    weights = np.asarray(weights, dtype=np.int64)
-    keep = weights > 0
-    values, weights = values[keep], weights[keep]
-    n = int(weights.sum())
+    if weights is None:  # one entry per value: the cumulative weight is the position
+        values = np.sort(values)
+        cum = np.arange(1, len(values) + 1)
+    else:
+        weights = np.asarray(weights, dtype=np.int64)
+        keep = weights > 0
+        values, weights = values[keep], weights[keep]
+        order = np.argsort(values)
+        values, cum = values[order], np.cumsum(weights[order])
+    n = int(cum[-1]) if len(cum) else 0
     if n == 0:
-        return math.nan
-    order = np.argsort(values, kind="stable")
-    values, cum = values[order], np.cumsum(weights[order])
-    h = q * (n - 1)
-    lo = math.floor(h)
-    x_lo = values[np.searchsorted(cum, lo, side="right")]
-    x_hi = values[np.searchsorted(cum, min(lo + 1, n - 1), side="right")]
-    return float(x_lo + (h - lo) * (x_hi - x_lo))
+        return [math.nan] * len(qs)
+
+    def at_rank(rank: int) -> float:
+        return values[np.searchsorted(cum, rank, side="right")]
+
+    out = []
+    for q in qs:
+        h = q * (n - 1)
+        lo = math.floor(h)
+        x_lo, x_hi = at_rank(lo), at_rank(min(lo + 1, n - 1))
+        out.append(float(x_lo + (h - lo) * (x_hi - x_lo)))
+    return out
 
 
-def weighted_mean_std(values: np.ndarray, weights: np.ndarray) -> tuple[float, float]:
+def weighted_quantile(values: np.ndarray, weights: np.ndarray | None, q: float) -> float:
+    """The q-quantile of ``values`` repeated ``weights`` times; NaN when the weights sum to 0."""
+    return weighted_quantiles(values, weights, [q])[0]
+
+
+def weighted_mean_std(values: np.ndarray, weights: np.ndarray | None) -> tuple[float, float]:
     """Mean and population standard deviation (numpy's default ddof=0)."""
     values = np.asarray(values, dtype=float)
-    weights = np.asarray(weights, dtype=float)
+    weights = np.ones(len(values)) if weights is None else np.asarray(weights, dtype=float)
     total = weights.sum()
     if total == 0:
         return math.nan, math.nan
@@ -46,15 +70,16 @@ def weighted_mean_std(values: np.ndarray, weights: np.ndarray) -> tuple[float, f
 def describe_ms(prefix: str, values_s: np.ndarray, weights: np.ndarray | None = None) -> dict[str, float]:
     """``mean_/median_/std_/p90_/p99_<prefix>_ms`` of a sample given in seconds, vLLM's key names."""
     values_s = np.asarray(values_s, dtype=float)
-    if weights is None:
-        weights = np.ones(len(values_s), dtype=np.int64)
     keep = ~np.isnan(values_s)
-    values_ms, weights = values_s[keep] * 1e3, np.asarray(weights)[keep]
+    values_ms = values_s[keep] * 1e3
+    if weights is not None:
+        weights = np.asarray(weights)[keep]
     mean, std = weighted_mean_std(values_ms, weights)
+    median, p90, p99 = weighted_quantiles(values_ms, weights, [0.5, 0.9, 0.99])
     return {
         f"mean_{prefix}_ms": mean,
-        f"median_{prefix}_ms": weighted_quantile(values_ms, weights, 0.5),
+        f"median_{prefix}_ms": median,
         f"std_{prefix}_ms": std,
-        f"p90_{prefix}_ms": weighted_quantile(values_ms, weights, 0.9),
-        f"p99_{prefix}_ms": weighted_quantile(values_ms, weights, 0.99),
+        f"p90_{prefix}_ms": p90,
+        f"p99_{prefix}_ms": p99,
     }

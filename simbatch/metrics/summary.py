@@ -70,6 +70,8 @@ def requests_frame(wl: WorkloadArrays, rec: Recorder) -> pd.DataFrame:
     e2e = finish - arrival
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(output > 1, (e2e - ttft) / (output - 1), np.nan)
+    # Every column is an array made just above, so the frame keeps each as it is (copy=False) instead
+    # of copying them all into one 2-D block per dtype: at 1M requests, ~0.1 s and a copy of the frame.
     return pd.DataFrame({
         "request_id": idx,
         "replica": rec.replica[idx],
@@ -85,16 +87,19 @@ def requests_frame(wl: WorkloadArrays, rec: Recorder) -> pd.DataFrame:
         "generated_tokens": rec.generated_tokens[idx],
         "num_preemptions": rec.num_preemptions[idx],
         "status": pd.Categorical.from_codes(rec.status[idx], categories=list(STATUS_NAMES)),
-        "reason": rec.reason[idx].astype(str),
+        # Through a Series: the same column as numpy's ``astype(str)``, several times faster.
+        "reason": pd.Series(rec.reason[idx]).astype(str),
         "ttft_s": ttft,
         "tpot_s": tpot,
         "e2e_s": e2e,
         "queue_s": rec.queue_s[idx],
-    })
+    }, copy=False)
 
 
 def iterations_frame(rec: Recorder) -> pd.DataFrame:
-    frame = pd.DataFrame(rec.runs(), columns=list(RUN_COLUMNS))
+    runs = rec.runs()  # arrays made for this call, so the frame can keep them (see requests_frame)
+    # Strided columns (views into one wide table) are copied contiguous, which lets the table go.
+    frame = pd.DataFrame({name: np.ascontiguousarray(runs[name]) for name in RUN_COLUMNS}, copy=False)
     # Per replica, in time order: a total order that rounding cannot perturb (unlike time first).
     frame = frame.sort_values(["replica", "start_s"], kind="stable", ignore_index=True)
     frame["kv_blocks_used"] = frame.pop("kv_blocks_sum") / frame["num_steps"]
@@ -105,15 +110,16 @@ def iterations_frame(rec: Recorder) -> pd.DataFrame:
 def summarize(scenario: Scenario, requests: pd.DataFrame, iterations: pd.DataFrame, rec: Recorder,
               end_s: float) -> dict:
     duration = end_s
-    status = requests["status"].to_numpy()
-    done = requests[status == STATUS_NAMES[FINISHED]]
-    admitted = requests[status != STATUS_NAMES[REJECTED]]
+    # Compared as a categorical Series: a look-up of codes, not a million string comparisons.
+    finished = (requests["status"] == STATUS_NAMES[FINISHED]).to_numpy()
+    rejected = (requests["status"] == STATUS_NAMES[REJECTED]).to_numpy()
+    done, admitted = requests[finished], requests[~rejected]
     n_done = len(done)
     out: dict[str, float | int] = {
         "duration": duration,
         "num_requests": len(requests),
         "completed": n_done,
-        "rejected": int((status == STATUS_NAMES[REJECTED]).sum()),
+        "rejected": int(rejected.sum()),
         "unfinished": len(admitted) - n_done,
         "total_input_tokens": int(done["prompt_tokens"].sum()),
         "total_output_tokens": int(done["output_tokens"].sum()),

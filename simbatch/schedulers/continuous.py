@@ -26,7 +26,8 @@ Lockstep decodes. Between events, every decoding request computes one token and 
 step, so the scheduler does not touch them one by one: they form a *group* that advances with a
 clock. A member's counters are brought up to date (``_sync``) only when something looks at it; the
 blocks the group needs each step follow from each member's position within its block, counted per
-residue of the clock (``_phase``); the next completion is the top of a heap. A step then costs the
+residue of the clock (``_phase``, stored twice over so that any ``block_size`` consecutive steps are
+one slice of it); the next completion is the top of a heap. A step then costs the
 requests that change in it, not the batch size, and a run of identical steps costs O(block_size).
 Anything unusual (a block shortage, a preemption) first dissolves the group, and the one-request-
 at-a-time rules above apply unchanged.
@@ -36,8 +37,10 @@ from __future__ import annotations
 
 import heapq
 import math
+from operator import mul
 
 from simbatch.config import Scenario
+from simbatch.cost import blocks_for
 from simbatch.kv import KVCacheManager
 from simbatch.policies import WaitingQueue, victim_key, waiting_key
 from simbatch.request import Request, Status
@@ -69,7 +72,9 @@ class ContinuousScheduler(BaseScheduler):
         self._group_reserved = False  # the group holds its blocks for the step being planned
         self._clock = 0  # steps executed: the number of the next step
         self._last_end_s = 0.0
-        self._phase = [0] * kv.block_size  # members needing a new block in step t: _phase[t % block_size]
+        # Members needing a new block in step t: _phase[t % block_size], which _phase[t % block_size
+        # + block_size] repeats, so that steps t .. t + block_size - 1 are _phase[t % block_size:][:block_size].
+        self._phase = [0] * (2 * kv.block_size)
         self._phase_members: list[dict[Request, None]] = [{} for _ in range(kv.block_size)]
         self._granted_all = False  # every member that needed a block this step has it ...
         self._granted: set[Request] = set()  # ... or only these (blocks were short)
@@ -78,13 +83,12 @@ class ContinuousScheduler(BaseScheduler):
 
     # ---------------------------------------------------------------- planning
     def schedule(self, now: float) -> StepPlan | None:
-        if not self.running and not len(self.waiting):
+        running, group, prefilling = self.running, self._group, self._prefilling
+        if not running and not len(self.waiting):
             return None
         plan = StepPlan()
         self._sched, self._budget = {}, self.token_budget
         self._group_reserved = False
-        running, group = self.running, self._group
-        prefilling = self._prefilling
         lone = [r for r in running if not r.prefill_pending and r not in group] \
             if len(running) > len(group) + len(prefilling) else []
         if (group or lone) and not self._reserve_decodes(lone):
@@ -95,28 +99,30 @@ class ContinuousScheduler(BaseScheduler):
                     n = self._chunk(req)
                     if n and self._reserve(req, n, now, plan):
                         self._take(req, n)
-        if not plan.num_preempted:
+        if not plan.num_preempted and len(self.waiting):
             self._admit_waiting(now, plan)
 
-        group_scheduled = self._group_reserved and bool(self._group)
-        if not self._sched and not group_scheduled and self.running:
+        sched = self._sched
+        group_scheduled = self._group_reserved and bool(group)
+        if not sched and not group_scheduled:
+            if not running:
+                return None  # nothing admissible; the arrival checks make this unreachable with an idle engine
             # Every running request stalled on memory with every victim protected by max_preemptions:
             # the cap yields to progress, or the engine would wait forever.
-            self._preempt(max(self.running, key=self._victim_key), now, plan)
+            self._preempt(max(running, key=self._victim_key), now, plan)
             return self._replan(now, plan)
-
-        if not self._sched and not group_scheduled:
-            return None  # nothing admissible; the arrival checks make this unreachable with an idle engine
         if group_scheduled:
-            plan.group = tuple(self._group)
-        plan.slices = list(self._sched.items())
-        plan.decode_seqs = len(plan.group)
-        for req, n in plan.slices:
-            if req.prefill_pending:
-                plan.prefill_tokens += n
-            else:
-                plan.decode_seqs += 1
-        self._plan_used = self.kv.device.num_used
+            plan.group = tuple(group)
+            plan.decode_seqs = len(group)
+        if sched:
+            plan.slices = list(sched.items())
+            for req, n in plan.slices:
+                if req.prefill_pending:
+                    plan.prefill_tokens += n
+                else:
+                    plan.decode_seqs += 1
+        device = self.kv.device
+        self._plan_used = device.num_blocks - device.num_free
         return plan
 
     def _reserve_decodes(self, lone: list[Request]) -> bool:
@@ -127,6 +133,12 @@ class ContinuousScheduler(BaseScheduler):
         one request at a time.
         """
         bs = self.kv.block_size
+        if not lone:  # the group alone
+            if not self.kv.device.allocate(self._phase[self._clock % bs]):
+                return False
+            self._group_reserved = self._granted_all = True
+            self._budget -= len(self._group)
+            return True
         extra = [(r.num_computed_tokens + bs) // bs - r.blocks for r in lone]
         if not self.kv.device.allocate(self._phase[self._clock % bs] + sum(e for e in extra if e > 0)):
             return False
@@ -240,26 +252,28 @@ class ContinuousScheduler(BaseScheduler):
         self.waiting.push(victim)
 
     def _admit_waiting(self, now: float, plan: StepPlan) -> None:
-        while len(self.waiting) and self._budget > 0:
-            req = self.waiting.peek()
+        waiting, running, kv = self.waiting, self.running, self.kv
+        while self._budget > 0 and len(waiting):
+            req = waiting.peek()
             n = self._chunk(req)
             if n == 0:
                 return
-            need = self.kv.blocks_for(req.num_computed_tokens + n)
-            if len(self.running) >= self.max_num_seqs or need > self.kv.device.num_free:
+            if len(running) >= self.max_num_seqs or \
+                    blocks_for(req.num_computed_tokens + n, kv.block_size) > kv.device.num_free:
                 if self.evicts_for_priority and self._evict_for(req, now, plan):
                     continue
                 return
-            self.waiting.pop()
+            waiting.pop()
             if req.swapped_blocks:
                 plan.swap_blocks += req.swapped_blocks
-                self.kv.swap_in(req)
-            self.kv.grow(req, req.num_computed_tokens + n)
+                kv.swap_in(req)
+            kv.grow(req, req.num_computed_tokens + n)
             self._admit(req, now)
             if req.prefill_pending:
                 self._prefilling[req] = None
             plan.num_admitted += 1
-            self._take(req, n)
+            self._sched[req] = n
+            self._budget -= n
 
     def _evict_for(self, req: Request, now: float, plan: StepPlan) -> bool:
         """Priority's teeth: preempt the worst running request if its priority is strictly worse.
@@ -278,8 +292,10 @@ class ContinuousScheduler(BaseScheduler):
     def _join(self, req: Request) -> None:
         """``req`` just sampled a token and goes on decoding: from now on it advances with the clock."""
         req.mark = self._clock
-        p = (self._clock - req.num_computed_tokens) % self.kv.block_size
+        bs = self.kv.block_size
+        p = (self._clock - req.num_computed_tokens) % bs
         self._phase[p] += 1
+        self._phase[p + bs] += 1
         self._phase_members[p][req] = None
         heapq.heappush(self._done, (self._clock + req.output_tokens - req.num_generated, req.request_id, req))
         self._group[req] = None
@@ -287,8 +303,10 @@ class ContinuousScheduler(BaseScheduler):
     def _leave(self, req: Request) -> None:
         """Out of the lockstep, counters up to date (its heap entry goes stale: see _retire_done)."""
         self._sync_member(req)
-        p = (req.mark - req.num_computed_tokens) % self.kv.block_size
+        bs = self.kv.block_size
+        p = (req.mark - req.num_computed_tokens) % bs
         self._phase[p] -= 1
+        self._phase[p + bs] -= 1
         del self._phase_members[p][req]
         del self._group[req]
 
@@ -302,7 +320,7 @@ class ContinuousScheduler(BaseScheduler):
             req.last_token_step = self._clock - 1
             req.mark = self._clock
         planned = self._group_reserved and (self._granted_all or req in self._granted)
-        req.blocks = self.kv.blocks_for(req.num_computed_tokens + planned)
+        req.blocks = blocks_for(req.num_computed_tokens + planned, self.kv.block_size)
 
     def sync(self) -> None:
         for req in self._group:
@@ -322,20 +340,24 @@ class ContinuousScheduler(BaseScheduler):
             heapq.heappop(done)
 
     def _group_blocks(self, t0: int, t1: int) -> int:
-        """Blocks the group takes in steps t0 .. t1 - 1."""
-        bs, phase = self.kv.block_size, self._phase
+        """Blocks the group takes in steps t0 .. t1 - 1: every member one per ``block_size`` steps."""
+        bs = self.kv.block_size
         cycles, rest = divmod(t1 - t0, bs)
-        return cycles * len(self._group) + sum(phase[t % bs] for t in range(t0, t0 + rest))
+        a = t0 % bs
+        return cycles * len(self._group) + sum(self._phase[a:a + rest])
 
     def _retire_done(self, end_s: float, outcome: StepOutcome) -> None:
-        done = self._done
+        """Retire the members whose last token came at the end of this step, then drop the finished."""
+        done, group, finished = self._done, self._group, outcome.finished
         while done and done[0][0] <= self._clock:
             t, _, req = heapq.heappop(done)
-            if req not in self._group or t != req.mark + req.output_tokens - req.num_generated:
+            if req not in group or t != req.mark + req.output_tokens - req.num_generated:
                 continue  # left the lockstep since (preempted or stalled)
             self._leave(req)
             self._retire(req, end_s)
-            outcome.finished.append(req)
+            finished.append(req)
+        if finished:
+            self._drop_finished(finished)
 
     # ---------------------------------------------------------------- fast-forward
     def repeatable_steps(self, plan: StepPlan, step: int) -> int:
@@ -345,8 +367,8 @@ class ContinuousScheduler(BaseScheduler):
         set is fixed, free blocks only shrink, the budget left is constant, policy keys are static);
         only an arrival can change WAITING, and the engine cuts the run when one comes.
         """
-        if (plan.slices or plan.num_admitted or plan.num_preempted or plan.swap_blocks
-                or len(plan.group) != len(self.running) or not plan.group):
+        if (not plan.group or plan.slices or plan.num_admitted or plan.num_preempted or plan.swap_blocks
+                or len(plan.group) != len(self.running)):
             return 1
         self._drop_stale()
         k = self._done[0][0] - step  # the first completion happens in the k-th step of the run
@@ -355,6 +377,8 @@ class ContinuousScheduler(BaseScheduler):
         self._waiting_at_plan = len(self.waiting)
         # Steps 2 .. j of the run take _group_blocks(step + 1, step + j) more blocks.
         free, size, bs = self.kv.device.num_free, len(self._group), self.kv.block_size
+        if free >= -(-(k - 1) // bs) * size:
+            return k  # enough for the most steps 2 .. k could take: one block per member per block_size steps
         cycles = min((k - 1) // bs, free // size)
         j, free = 1 + cycles * bs, free - cycles * size
         t, phase = step + j, self._phase
@@ -375,18 +399,19 @@ class ContinuousScheduler(BaseScheduler):
         return self._plan_used + self._group_blocks(self._clock + 1, self._clock + i)
 
     def kv_blocks_sum(self, n: int) -> int:
-        # sum_{i=1..n} used(i) = n used(1) + sum over steps t in (s, s+n) of phase[t % bs] * (s + n - t)
-        if n == 0:
-            return 0
-        s, bs, phase = self._clock, self.kv.block_size, self._phase
-        extra = 0
-        for r in range(bs):
-            if phase[r]:
-                first = s + 1 + (r - s - 1) % bs  # first t > s with t % bs == r
-                if first <= s + n - 1:
-                    m = (s + n - 1 - first) // bs + 1
-                    extra += phase[r] * (m * (s + n) - (m * first + bs * m * (m - 1) // 2))
-        return n * self._plan_used + extra
+        # With s the clock, sum_{i=1..n} used(i) = n used(1) + sum over steps s < t < s + n of
+        # phase(t) (s + n - t): the blocks taken in step t count in every later step of the n.
+        # Written u = t - s - 1 = q block_size + v, the full cycles q < c sum in closed form.
+        if n <= 1:
+            return n * self._plan_used
+        bs, phase, size = self.kv.block_size, self._phase, len(self._group)
+        a = (self._clock + 1) % bs
+        cycles, rest = divmod(n - 1, bs)
+        total = n * self._plan_used + sum(map(mul, phase[a:a + rest], range(rest, 0, -1)))
+        if cycles:
+            v = sum(map(mul, phase[a:a + bs], range(bs)))
+            total += cycles * ((n - 1) * size - v) - bs * size * cycles * (cycles - 1) // 2
+        return total
 
     def finish_steps(self, plan: StepPlan, n: int, end_s: float, step: int) -> StepOutcome:
         if n == 1:
@@ -396,8 +421,8 @@ class ContinuousScheduler(BaseScheduler):
         self._group_reserved = False
         self._clock, self._last_end_s = step + n, end_s
         outcome = StepOutcome([], n * len(plan.group), [])
-        self._retire_done(end_s, outcome)
-        self._drop_finished(outcome.finished)
+        if self._done and self._done[0][0] <= self._clock:
+            self._retire_done(end_s, outcome)
         return outcome
 
     def _drop_finished(self, finished: list[Request]) -> None:
@@ -425,6 +450,8 @@ class ContinuousScheduler(BaseScheduler):
                 outcome.finished.append(req)
             else:
                 self._join(req)
-        self._retire_done(end_s, outcome)
-        self._drop_finished(outcome.finished)
+        if self._done and self._done[0][0] <= self._clock:
+            self._retire_done(end_s, outcome)
+        elif outcome.finished:
+            self._drop_finished(outcome.finished)
         return outcome
