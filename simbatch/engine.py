@@ -108,10 +108,11 @@ class Replica:
         return self.scheduler.kv_blocks_used
 
     # ---------------------------------------------------------------- inputs
-    def submit(self, req: Request) -> None:
+    def submit(self, req: Request, now: float) -> None:
         req.replica = self.index
-        self.scheduler.add(req, self.env.now)
-        self._poke()
+        self.scheduler.add(req, now)
+        if self._wake is not None:
+            self._poke()
 
     def close(self) -> None:
         self.scheduler.close()
@@ -340,7 +341,7 @@ class Engine:
                 rec.reject(now, i, reason)
                 continue
             rec.arrive(now, i)
-            replica.submit(Request(i, t, prompts[i], outputs[i], tenants[i], priorities[i]))
+            replica.submit(Request(i, t, prompts[i], outputs[i], tenants[i], priorities[i]), now)
         if lone is not None:
             lone.next_arrival_at_s = math.inf
         for replica in replicas:

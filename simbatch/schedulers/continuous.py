@@ -36,7 +36,6 @@ at-a-time rules above apply unchanged.
 from __future__ import annotations
 
 import heapq
-import math
 from operator import mul
 
 from simbatch.config import Scenario
@@ -54,7 +53,8 @@ class ContinuousScheduler(BaseScheduler):
         self.token_budget = b.max_num_batched_tokens
         self.max_num_seqs = b.max_num_seqs
         self.chunked = b.enable_chunked_prefill
-        self.chunk_cap = b.long_prefill_token_threshold or math.inf
+        # No threshold: a chunk is capped by the budget alone, which never exceeds this.
+        self.chunk_cap = b.long_prefill_token_threshold or b.max_num_batched_tokens
         self.swap = s.preemption == "swap"
         self.max_preemptions = s.max_preemptions
         self.evicts_for_priority = s.policy == "priority"
@@ -95,11 +95,11 @@ class ContinuousScheduler(BaseScheduler):
             self._reserve_decodes_one_by_one(lone, now, plan)
         if prefilling:
             for req in list(prefilling):  # a snapshot: victims leave mid-loop
-                if req.status is Status.RUNNING and req not in self._sched:
+                if req in prefilling:
                     n = self._chunk(req)
                     if n and self._reserve(req, n, now, plan):
                         self._take(req, n)
-        if not plan.num_preempted and len(self.waiting):
+        if not plan.num_preempted:
             self._admit_waiting(now, plan)
 
         sched = self._sched
@@ -193,11 +193,11 @@ class ContinuousScheduler(BaseScheduler):
 
     def _chunk(self, req: Request) -> int:
         """Tokens ``req`` may compute this step, given what is left of the budget."""
-        remaining = req.remaining_tokens
         if not req.prefill_pending:
             return 1 if self._budget >= 1 else 0
+        remaining = req.prompt_tokens + req.num_generated - req.num_computed_tokens  # req.remaining_tokens
         if self.chunked or req.num_generated > 0:  # recompute is always splittable
-            return int(min(remaining, self._budget, self.chunk_cap))
+            return min(remaining, self._budget, self.chunk_cap)
         return remaining if remaining <= self._budget else 0
 
     def _reserve(self, req: Request, n: int, now: float, plan: StepPlan) -> bool:
@@ -253,8 +253,10 @@ class ContinuousScheduler(BaseScheduler):
 
     def _admit_waiting(self, now: float, plan: StepPlan) -> None:
         waiting, running, kv = self.waiting, self.running, self.kv
-        while self._budget > 0 and len(waiting):
+        while self._budget > 0:
             req = waiting.peek()
+            if req is None:
+                return
             n = self._chunk(req)
             if n == 0:
                 return
@@ -361,14 +363,15 @@ class ContinuousScheduler(BaseScheduler):
 
     # ---------------------------------------------------------------- fast-forward
     def repeatable_steps(self, plan: StepPlan, step: int) -> int:
-        """A pure-decode plan repeats until a request finishes or the next block cannot be had.
+        """A plan of lockstep decodes alone repeats until one finishes or the next block cannot be had.
 
-        Nothing else can change it: admission was impossible at this plan and stays so (the running
-        set is fixed, free blocks only shrink, the budget left is constant, policy keys are static);
-        only an arrival can change WAITING, and the engine cuts the run when one comes.
+        Nothing else can change it. Any other running request got nothing (a prefill short of blocks
+        or budget, a decode short of a block, with no victim to take one from) and stays so, as does
+        admission, impossible at this plan: the running set is fixed, free blocks only shrink, the
+        budget left is constant, policy keys are static. Only an arrival can change WAITING, and the
+        engine cuts the run when one comes.
         """
-        if (not plan.group or plan.slices or plan.num_admitted or plan.num_preempted or plan.swap_blocks
-                or len(plan.group) != len(self.running)):
+        if not plan.group or plan.slices or plan.num_admitted or plan.num_preempted or plan.swap_blocks:
             return 1
         self._drop_stale()
         k = self._done[0][0] - step  # the first completion happens in the k-th step of the run
