@@ -22,7 +22,9 @@ every other policy.
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Callable, Iterator
+from itertools import chain
 
 from simbatch.config import Scheduler
 from simbatch.request import Request
@@ -53,29 +55,47 @@ def victim_key(cfg: Scheduler) -> Key:
 
 
 class WaitingQueue:
-    """WAITING as a heap on the policy key: O(log n) push and pop, no scans of a long queue."""
+    """WAITING in policy-key order, with no scans of a long queue.
 
-    __slots__ = ("_heap", "_key")
+    Requests pushed in increasing key order (arrivals under FCFS) queue at the back of a deque, in
+    O(1); any other (a preempted request returning to the front, arrivals under priority or SJF) goes
+    to a heap, in O(log n). The head is the smaller of the two heads. Keys end with the request id,
+    so they are unique and entries never compare requests.
+    """
+
+    __slots__ = ("_key", "_ordered", "_heap")
 
     def __init__(self, key: Key):
         self._key = key
+        self._ordered: deque[tuple[tuple, Request]] = deque()
         self._heap: list[tuple[tuple, Request]] = []
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return len(self._ordered) + len(self._heap)
 
     def __iter__(self) -> Iterator[Request]:
         """Requests in no particular order (for invariant checks and snapshots)."""
-        return (r for _, r in self._heap)
+        return (r for _, r in chain(self._ordered, self._heap))
 
     def push(self, req: Request) -> None:
-        heapq.heappush(self._heap, (self._key(req), req))
+        entry = (self._key(req), req)
+        if not self._ordered or entry[0] > self._ordered[-1][0]:
+            self._ordered.append(entry)
+        else:
+            heapq.heappush(self._heap, entry)
+
+    def _head_in_heap(self) -> bool:
+        return bool(self._heap) and (not self._ordered or self._heap[0][0] < self._ordered[0][0])
 
     def peek(self) -> Request | None:
-        return self._heap[0][1] if self._heap else None
+        if self._head_in_heap():
+            return self._heap[0][1]
+        return self._ordered[0][1] if self._ordered else None
 
     def pop(self) -> Request:
-        return heapq.heappop(self._heap)[1]
+        if self._head_in_heap():
+            return heapq.heappop(self._heap)[1]
+        return self._ordered.popleft()[1]
 
     # Fair queues track running counts; plain queues have nothing to do.
     def on_admit(self, req: Request) -> None:
