@@ -15,7 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simbatch.config import Scenario
+from simbatch.engine import Engine
+from simbatch.metrics.summary import iterations_frame, requests_frame, summarize
 from simbatch.simulation import simulate
+from simbatch.workload import generate
 
 RTOL = 1e-9
 ATOL_S = 1e-9
@@ -85,6 +88,51 @@ def scenarios(draw) -> dict:
 @given(scenarios())
 def test_fast_forward_equals_stepping(scenario):
     assert_same_run(scenario)
+
+
+def run_lone_replica(scenario: Scenario, run_ahead: bool) -> tuple:
+    workload = generate(scenario)
+    engine = Engine(scenario, workload)
+    engine.replicas[0].run_ahead = run_ahead
+    end_s = engine.run()
+    rec = engine.recorder
+    requests, iterations = requests_frame(workload, rec), iterations_frame(rec)
+    return requests, iterations, summarize(scenario, requests, iterations, rec, end_s), rec.stall_gaps_s
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(), st.booleans())
+def test_running_ahead_of_simpy_is_invisible(scenario, fast_forward):
+    """A lone replica that applies the steps ending before the next arrival at once, without SimPy
+    events (engine module docstring), records exactly what yielding for every step records."""
+    scenario = Scenario.model_validate({**scenario, "cluster": {"replicas": 1},
+                                        "sim": {**scenario["sim"], "fast_forward": fast_forward}})
+    ahead, stepped = run_lone_replica(scenario, True), run_lone_replica(scenario, False)
+    pd.testing.assert_frame_equal(ahead[0], stepped[0], check_exact=True)
+    pd.testing.assert_frame_equal(ahead[1], stepped[1], check_exact=True)
+    assert ahead[3] == stepped[3]
+    assert ahead[2].keys() == stepped[2].keys()
+    for key, value in stepped[2].items():
+        assert (math.isnan(value) and math.isnan(ahead[2][key])) or ahead[2][key] == value, key
+
+
+def test_a_lone_replica_runs_ahead_instead_of_yielding_every_step():
+    scenario = Scenario.model_validate({"workload": {"num_requests": 300, "arrival": {"rate": 2.0}},
+                                        "sim": {"fast_forward": False}})
+
+    def timeouts(run_ahead: bool) -> int:
+        engine = Engine(scenario, generate(scenario))
+        engine.replicas[0].run_ahead = run_ahead
+        made = []
+        timeout = engine.env.timeout
+        engine.env.timeout = lambda delay=0, value=None: made.append(delay) or timeout(delay, value)
+        engine.run()
+        return len(made)
+
+    # Stepping: one timeout per step and per arrival. Running ahead: the replica yields only for
+    # the step in progress at each arrival.
+    stepping, ahead = timeouts(False), timeouts(True)
+    assert ahead <= 2 * 300 < stepping
 
 
 def test_fast_forward_skips_steps_on_a_long_decode():

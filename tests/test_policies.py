@@ -35,6 +35,26 @@ def test_fcfs_is_arrival_order_whatever_the_push_order():
     assert order(Scheduler(policy="fcfs"), requests) == [0, 1, 2, 3]
 
 
+def test_fcfs_merges_arrivals_and_returning_requests_as_they_come_and_go():
+    """Pushes and pops interleaved: arrivals in order (the O(1) path), preempted requests returning
+    to the front (the heap), and a return that lands while the in-order part is empty."""
+    queue = make_queue(Scheduler(policy="fcfs"), ())
+    r = {i: req(i, 1, 1) for i in range(10)}
+    for i in (4, 5, 6):
+        queue.push(r[i])
+    queue.push(r[2])  # preempted: arrived before everything waiting
+    assert queue.pop() is r[2] and queue.pop() is r[4]
+    queue.push(r[1])
+    queue.push(r[7])
+    assert queue.peek() is r[1] and len(queue) == 4
+    assert drain(queue) == [1, 5, 6, 7]
+    queue.push(r[3])  # into the empty queue's in-order part ...
+    queue.push(r[8])
+    queue.push(r[0])  # ... then one that must still come first
+    assert sorted(x.request_id for x in queue) == [0, 3, 8]
+    assert drain(queue) == [0, 3, 8]
+
+
 def test_priority_lower_value_first_ties_by_arrival():
     requests = [req(0, 1, 1, priority=2), req(1, 1, 1, priority=0), req(2, 1, 1, priority=2),
                 req(3, 1, 1, priority=0), req(4, 1, 1, priority=-1)]
