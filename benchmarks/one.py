@@ -40,6 +40,7 @@ def measure(name: str) -> dict:
         "completed": summary["completed"],
         "mean_batch_size": summary["mean_batch_size"],
         "max_waiting": int(iterations["num_waiting"].max()),
+        "preemptions": summary["num_preemptions"],
     }
 
 

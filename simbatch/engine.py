@@ -111,8 +111,7 @@ class Replica:
     def submit(self, req: Request, now: float) -> None:
         req.replica = self.index
         self.scheduler.add(req, now)
-        if self._wake is not None:
-            self._poke()
+        self._poke()
 
     def close(self) -> None:
         self.scheduler.close()
@@ -156,7 +155,7 @@ class Replica:
                      plan.decode_seqs, plan.num_preempted, plan.swap_blocks)
             k = repeatable_steps(plan, self.step) if fast_forward else 1
             if k == 1:
-                kv_sum = sched.kv_blocks_used
+                kv_sum = sched.kv_blocks_sum(1)
                 end = now + duration
                 if not run_ahead or end >= self.next_arrival_at_s or end >= stop_at_s:
                     self._step_ctx = (now, shape, kv_sum, contiguous)

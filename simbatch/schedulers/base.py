@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from simbatch.config import Scenario
 from simbatch.kv import KVCacheManager
 from simbatch.policies import WaitingQueue
-from simbatch.request import Request, Status
+from simbatch.request import FINISHED, RUNNING, WAITING, Request, Status
 
 
 @dataclass(slots=True)
@@ -33,7 +33,7 @@ class StepPlan:
     membership of ``group``: one token each.
     """
 
-    slices: list[tuple[Request, int]] = field(default_factory=list)
+    slices: list[tuple[Request, int]] | tuple = ()
     group: tuple[Request, ...] = ()
     decode_seqs: int = 0  # sequences computing their one decode token (costed at beta)
     prefill_tokens: int = 0  # prompt / recompute tokens (costed at gamma)
@@ -46,7 +46,7 @@ class StepPlan:
     @property
     def scheduled(self) -> list[tuple[Request, int]]:
         """Every (request, tokens) of the step, lockstep decodes first."""
-        return [(r, 1) for r in self.group] + self.slices
+        return [*((r, 1) for r in self.group), *self.slices]
 
     @property
     def batch_size(self) -> int:
@@ -81,7 +81,7 @@ class BaseScheduler(ABC):
     # ---------------------------------------------------------------- the interface
     def add(self, req: Request, now: float) -> None:
         """A request arrives at this engine and joins WAITING."""
-        req.status = Status.WAITING
+        req.status = WAITING
         req.waiting_since_s = now
         self.waiting.push(req)
 
@@ -141,7 +141,7 @@ class BaseScheduler(ABC):
     # ---------------------------------------------------------------- shared mechanics
     def _admit(self, req: Request, now: float) -> None:
         """WAITING -> RUNNING."""
-        req.status = Status.RUNNING
+        req.status = RUNNING
         req.queue_s += now - req.waiting_since_s
         if math.isnan(req.first_scheduled_s):
             req.first_scheduled_s = now
@@ -163,7 +163,7 @@ class BaseScheduler(ABC):
         req.last_token_step = step
 
     def _retire(self, req: Request, end_s: float) -> None:
-        req.status = Status.FINISHED
+        req.status = FINISHED
         req.finish_s = end_s
         self.kv.release(req)
         self.waiting.on_release(req)

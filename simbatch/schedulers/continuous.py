@@ -42,7 +42,7 @@ from simbatch.config import Scenario
 from simbatch.cost import blocks_for
 from simbatch.kv import KVCacheManager
 from simbatch.policies import WaitingQueue, victim_key, waiting_key
-from simbatch.request import Request, Status
+from simbatch.request import RUNNING, WAITING, Request
 from simbatch.schedulers.base import BaseScheduler, StepOutcome, StepPlan
 
 
@@ -164,7 +164,7 @@ class ContinuousScheduler(BaseScheduler):
                 needers.append(req)
         needers.sort(key=lambda r: r.admitted_seq)
         for req in needers:
-            if req.status is not Status.RUNNING:
+            if req.status is not RUNNING:
                 continue  # preempted earlier in this loop
             if req not in self._group:
                 if not self._reserve(req, 1, now, plan):
@@ -247,7 +247,7 @@ class ContinuousScheduler(BaseScheduler):
         victim.num_preemptions += 1
         self.num_preemptions += 1
         plan.num_preempted += 1
-        victim.status = Status.WAITING
+        victim.status = WAITING
         victim.waiting_since_s = now
         self.waiting.push(victim)
 
@@ -433,7 +433,7 @@ class ContinuousScheduler(BaseScheduler):
             for req in finished:
                 self.running.remove(req)
         elif finished:
-            self.running = [r for r in self.running if r.status is Status.RUNNING]
+            self.running = [r for r in self.running if r.status is RUNNING]
 
     # ---------------------------------------------------------------- execution
     def finish_step(self, plan: StepPlan, end_s: float, step: int) -> StepOutcome:

@@ -111,7 +111,7 @@ class RequestLevelScheduler(BaseScheduler):
         self._admitted_now = len(self.batch)
 
     def _next_step(self) -> StepPlan:
-        plan = StepPlan()
+        plan = StepPlan(slices=[])
         if not self._prefilled:
             p_max = max(r.prompt_tokens for r in self.batch)
             for req in self.batch:
