@@ -49,9 +49,9 @@ def rejection_reasons(scenario: Scenario, prompt_tokens: np.ndarray, output_toke
 _WAITING, _ITL = SHAPE_COLUMNS.index("num_waiting"), SHAPE_COLUMNS.index("itl_tokens")
 
 
-def _without_tokens(shape: tuple) -> tuple:
-    """The row of a step cut short by the clock: it began, but its tokens never came."""
-    return (*shape[:_ITL], 0, *shape[_ITL + 1:])
+def _replaced(shape: tuple, column: int, value: int) -> tuple:
+    """A row with one column changed."""
+    return (*shape[:column], value, *shape[column + 1:])
 
 
 class Replica:
@@ -159,11 +159,12 @@ class Replica:
                 end = now + duration
                 if not run_ahead or end >= self.next_arrival_at_s or end >= stop_at_s:
                     self._step_ctx = (now, shape, kv_sum, contiguous)
+                    # SimPy's clock catches up with the replica's (its arithmetic when they agree).
                     yield env.timeout(duration if env.now == now else end - env.now)
                     self._step_ctx = None
                 outcome = sched.finish_step(plan, end, self.step)
                 if outcome.itl_tokens != plan.decode_seqs:  # a token after a pause, or a first token
-                    shape = (*shape[:_ITL], outcome.itl_tokens, *shape[_ITL + 1:])
+                    shape = _replaced(shape, _ITL, outcome.itl_tokens)
                 record(index, now, 1, shape, kv_sum, contiguous)
                 n = 1
             else:
@@ -186,7 +187,7 @@ class Replica:
                     if cut and not sched.plan_survives_arrivals():
                         break
                     # The arrival only lengthened WAITING: the same plan runs on, recorded anew.
-                    shape = (*shape[:_WAITING], len(sched.waiting), *shape[_WAITING + 1:])
+                    shape = _replaced(shape, _WAITING, len(sched.waiting))
                 self._run_ctx = None
                 outcome = sched.finish_steps(plan, n, end, self.step)
             self.step += n
@@ -206,7 +207,7 @@ class Replica:
         sched, rec = self.scheduler, self.recorder
         if self._step_ctx is not None:
             start, shape, kv_sum, contiguous = self._step_ctx
-            rec.steps(self.index, start, 1, _without_tokens(shape), kv_sum, contiguous)
+            rec.steps(self.index, start, 1, _replaced(shape, _ITL, 0), kv_sum, contiguous)
             self._step_ctx = None
         if self._run_ctx is not None:
             plan, shape, contiguous = self._run_ctx
@@ -217,7 +218,7 @@ class Replica:
             if m > 0:
                 rec.steps(self.index, start, m, shape, sched.kv_blocks_sum(done + m) - sched.kv_blocks_sum(done),
                           contiguous)
-            rec.steps(self.index, start + m * duration, 1, _without_tokens(shape),
+            rec.steps(self.index, start + m * duration, 1, _replaced(shape, _ITL, 0),
                       sched.kv_blocks_sum(done + m + 1) - sched.kv_blocks_sum(done + m), m > 0 or contiguous)
             if done + m > 0:
                 sched.finish_steps(plan, done + m, start + m * duration, self.step)
