@@ -150,9 +150,8 @@ class Replica:
                 rec.waiting_change(now, plan.num_preempted - plan.num_admitted)
             duration = step_duration_s(plan)
             # The row of these steps, in SHAPE_COLUMNS order.
-            shape = (duration, len(sched.running), len(sched.waiting), len(plan.group) + len(plan.slices),
-                     plan.decode_seqs, plan.prefill_tokens, plan.padded_decode_seqs + plan.padded_prefill_tokens,
-                     plan.decode_seqs, plan.num_preempted, plan.swap_blocks)
+            shape = (duration, len(sched.running), len(sched.waiting), plan.batch_size, plan.decode_seqs,
+                     plan.prefill_tokens, plan.padded_tokens, plan.decode_seqs, plan.num_preempted, plan.swap_blocks)
             k = repeatable_steps(plan, self.step) if fast_forward else 1
             if k == 1:
                 kv_sum = sched.kv_blocks_sum(1)

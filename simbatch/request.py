@@ -55,11 +55,6 @@ class Request:
     queue_s: float = 0.0  # total time spent in WAITING, across preemptions
 
     @property
-    def num_tokens(self) -> int:
-        """Tokens known so far: the prompt and everything generated."""
-        return self.prompt_tokens + self.num_generated
-
-    @property
     def remaining_tokens(self) -> int:
         """Known tokens not yet in the KV cache; 1 for a decoding request."""
         return self.prompt_tokens + self.num_generated - self.num_computed_tokens

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from simbatch.config import Scenario
 from simbatch.kv import KVCacheManager
 from simbatch.policies import WaitingQueue
-from simbatch.request import FINISHED, RUNNING, WAITING, Request, Status
+from simbatch.request import FINISHED, RUNNING, WAITING, Request
 
 
 @dataclass(slots=True)
@@ -180,8 +180,8 @@ class BaseScheduler(ABC):
         waiting = list(self.waiting)
         ids = [r.request_id for r in waiting] + [r.request_id for r in self.running]
         assert len(ids) == len(set(ids)), "a request is in two pools"
-        assert all(r.status is Status.WAITING and r.blocks == 0 for r in waiting), "waiting request holds blocks"
-        assert all(r.status is Status.RUNNING for r in self.running), "running pool holds a non-running request"
+        assert all(r.status is WAITING and r.blocks == 0 for r in waiting), "waiting request holds blocks"
+        assert all(r.status is RUNNING for r in self.running), "running pool holds a non-running request"
         held = sum(r.blocks for r in self._block_holders())
         assert self.kv.device.num_free + held == self.kv.device.num_blocks, "device blocks not conserved"
         swapped = sum(r.swapped_blocks for r in waiting)

@@ -195,7 +195,7 @@ class ContinuousScheduler(BaseScheduler):
         """Tokens ``req`` may compute this step, given what is left of the budget."""
         if not req.prefill_pending:
             return 1 if self._budget >= 1 else 0
-        remaining = req.prompt_tokens + req.num_generated - req.num_computed_tokens  # req.remaining_tokens
+        remaining = req.remaining_tokens
         if self.chunked or req.num_generated > 0:  # recompute is always splittable
             return min(remaining, self._budget, self.chunk_cap)
         return remaining if remaining <= self._budget else 0
@@ -274,8 +274,7 @@ class ContinuousScheduler(BaseScheduler):
             if req.prefill_pending:
                 self._prefilling[req] = None
             plan.num_admitted += 1
-            self._sched[req] = n
-            self._budget -= n
+            self._take(req, n)
 
     def _evict_for(self, req: Request, now: float, plan: StepPlan) -> bool:
         """Priority's teeth: preempt the worst running request if its priority is strictly worse.
