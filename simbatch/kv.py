@@ -73,11 +73,18 @@ class KVCacheManager:
         return n
 
     def swap_out(self, req: Request) -> bool:
-        """Move ``req``'s device blocks to the host; False (and no change) if the host pool is short."""
-        if not self.host.allocate(req.blocks):
+        """Move the blocks of ``req``'s computed tokens to the host; False (and no change) if the host
+        pool is short.
+
+        Only computed tokens have KV to save. Blocks reserved for the tokens of the step being planned
+        (a prefill chunk, the next decode token) hold nothing yet and are simply freed: moving them
+        would make the request need more device blocks to return than its admission check counts.
+        """
+        keep = blocks_for(req.num_computed_tokens, self.block_size)
+        if not self.host.allocate(keep):
             return False
         self.device.free(req.blocks)
-        req.swapped_blocks, req.blocks = req.blocks, 0
+        req.swapped_blocks, req.blocks = keep, 0
         return True
 
     def swap_in(self, req: Request) -> bool:

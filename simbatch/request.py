@@ -52,7 +52,7 @@ class Request:
     last_token_step: int = -2  # engine step that sampled the last token (ITL bookkeeping)
     mark: int = 0  # scheduler clock at which a lockstep decode's counters were last brought up to date
     waiting_since_s: float = math.nan
-    queue_s: float = 0.0  # total time spent in WAITING, across preemptions
+    waiting_s: float = 0.0  # total time spent in WAITING, across preemptions
 
     @property
     def remaining_tokens(self) -> int:

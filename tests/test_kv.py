@@ -69,29 +69,41 @@ def test_swap_round_trip_moves_blocks_between_pools():
     kv = KVCacheManager(KVCache(block_size=4, num_blocks=10, swap_blocks=5))
     r = request()
     kv.grow(r, 12)
+    r.num_computed_tokens = 12
     assert kv.swap_out(r)
     assert (r.blocks, r.swapped_blocks, kv.device.num_free, kv.host.num_free) == (0, 3, 10, 2)
     assert kv.swap_in(r)
     assert (r.blocks, r.swapped_blocks, kv.device.num_free, kv.host.num_free) == (3, 0, 7, 5)
 
 
+def test_swap_out_saves_the_computed_tokens_and_frees_blocks_reserved_for_uncomputed_ones():
+    kv = KVCacheManager(KVCache(block_size=4, num_blocks=10, swap_blocks=5))
+    r = request()
+    kv.grow(r, 12)  # 3 blocks reserved for a step that would compute up to token 12 ...
+    r.num_computed_tokens = 5  # ... of which 5 are computed: 2 blocks of KV to save
+    assert kv.swap_out(r)
+    assert (r.blocks, r.swapped_blocks, kv.device.num_free, kv.host.num_free) == (0, 2, 10, 3)
+
+
 def test_swap_refuses_without_change_when_the_other_pool_is_short():
     kv = KVCacheManager(KVCache(block_size=4, num_blocks=4, swap_blocks=2))
     r = request()
     kv.grow(r, 12)
+    r.num_computed_tokens = 12
     assert not kv.swap_out(r)  # 3 blocks, 2 on the host
     assert (r.blocks, r.swapped_blocks, kv.device.num_free, kv.host.num_free) == (3, 0, 1, 2)
 
     kv = KVCacheManager(KVCache(block_size=4, num_blocks=4, swap_blocks=4))
     r, other = request(0), request(1)
     kv.grow(r, 12)
+    r.num_computed_tokens = 12
     assert kv.swap_out(r)
     kv.grow(other, 8)  # 2 of the 4 device blocks taken while r is out
     assert not kv.swap_in(r)
     assert (r.blocks, r.swapped_blocks, kv.device.num_free, kv.host.num_free) == (0, 3, 2, 1)
 
 
-OPS = st.lists(st.tuples(st.sampled_from(["grow", "release", "swap_out", "swap_in"]),
+OPS = st.lists(st.tuples(st.sampled_from(["grow", "compute", "release", "swap_out", "swap_in"]),
                          st.integers(0, 3), st.integers(0, 40)), max_size=60)
 
 
@@ -107,6 +119,8 @@ def test_blocks_are_conserved_under_any_sequence_of_moves(num_blocks, swap_block
             ok = kv.grow(r, n)
             assert ok == (kv.extra_blocks(r, n) == 0)
             assert ok or (r.blocks, r.swapped_blocks, kv.device.num_free, kv.host.num_free) == before
+        elif op == "compute":  # what a finished step does: tokens fill blocks already held
+            r.num_computed_tokens = min(n, (r.blocks or r.swapped_blocks) * kv.block_size)
         elif op == "release" and not r.swapped_blocks:
             kv.release(r)
         elif (op == "swap_out" and not r.swapped_blocks and not kv.swap_out(r)) or \

@@ -228,7 +228,7 @@ def test_recompute_resumes_with_prompt_plus_generated_and_keeps_the_first_token(
     assert (plan.decode_seqs, plan.prefill_tokens, plan.num_admitted) == (1, 5, 1)
     assert (c.num_computed_tokens, c.num_generated, c.blocks) == (5, 2, 2)
     assert c.first_token_s == 1.0 and c.first_scheduled_s == 0.0  # not re-emitted, not reset
-    assert c.queue_s == 1.0  # waited from its preemption (t=1) to its return (t=2)
+    assert c.waiting_s == 1.0  # waited from its preemption (t=1) to its return (t=2)
     # c's second token came 2 s after its first: a stall, not an inter-token gap of this step.
     assert out.stall_gaps_s == [2.0] and out.itl_tokens == 1
 

@@ -81,7 +81,7 @@ def test_head_of_line_an_arrival_waits_for_the_whole_batch():
     d.sched.close()  # arrivals have ended: flush
     plan, _ = d.run()
     assert tokens(plan) == {3: 4}
-    assert late.queue_s == 2.0
+    assert late.waiting_s == 2.0
 
 
 def test_a_batch_takes_only_what_fits_in_memory_and_nothing_overtakes():

@@ -12,8 +12,8 @@ Everything here is computed from the two frames, so it holds for any run, one re
 - **Imbalance**: ``max_r L_r / mean_r L_r``. 1 when every replica carries the same load, N when one
   carries all of it; NaN when nothing was admitted. Over time (``simbatch.plots.cluster``), the
   same ratio of each replica's time-average over a window.
-- ``utilization`` of replica r: its busy time (steps) / T. The cluster's ``server_utilization`` is
-  the mean over replicas.
+- ``utilization`` of replica r: its busy time (steps, the one in progress at a clock stop counted
+  up to the stop) / T. The cluster's ``server_utilization`` is the mean over replicas.
 
 The summary (:func:`cluster_summary`) adds flat keys, so it stays one level of JSON and a sweep
 frame gets one column per key: ``load_imbalance`` always, and with more than one replica
@@ -26,6 +26,13 @@ import math
 
 import numpy as np
 import pandas as pd
+
+
+def busy_s(iterations: pd.DataFrame, duration_s: float) -> np.ndarray:
+    """Busy time of each iterations row, s: its steps, the one in progress at the clock stop counted
+    up to the stop."""
+    return np.minimum(iterations["end_s"].to_numpy(dtype=float), duration_s) - \
+        iterations["start_s"].to_numpy(dtype=float)
 
 
 def per_replica(requests: pd.DataFrame, iterations: pd.DataFrame, duration_s: float,
@@ -55,7 +62,7 @@ def per_replica(requests: pd.DataFrame, iterations: pd.DataFrame, duration_s: fl
             "admitted": n_admitted,
             "completed": total(replica[done]),
             "output_throughput": total(replica[done], admitted["output_tokens"].to_numpy()[done]) / duration_s,
-            "utilization": total(step_replica, iterations["duration_s"].to_numpy(dtype=float) * steps) / duration_s,
+            "utilization": total(step_replica, busy_s(iterations, duration_s)) / duration_s,
             "mean_batch_size": np.where(num_steps > 0, total(step_replica, iterations["batch_size"].to_numpy(dtype=float)
                                                              * steps) / np.maximum(num_steps, 1), 0.0),
             "L": total(replica, sojourn_s) / duration_s,

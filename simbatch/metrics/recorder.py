@@ -55,7 +55,7 @@ class Recorder:
         self.first_token_s = np.full(n, math.nan)
         self.finish_s = np.full(n, math.nan)
         self.num_preemptions = np.zeros(n, dtype=np.int32)
-        self.queue_s = np.zeros(n)
+        self.waiting_s = np.zeros(n)
         self.generated_tokens = np.zeros(n, dtype=np.int64)
         self.arrived = np.zeros(n, dtype=bool)
 
@@ -74,6 +74,7 @@ class Recorder:
         self.n_waiting += 1
 
     def reject(self, now: float, request_id: int, reason: str) -> None:
+        self._advance(now)  # N(t) is unchanged; the run has seen an event at ``now`` (its duration)
         self.arrived[request_id] = True
         self.status[request_id] = REJECTED
         self.reason[request_id] = reason
@@ -97,13 +98,13 @@ class Recorder:
         self.first_token_s[i] = req.first_token_s
         self.finish_s[i] = req.finish_s
         self.num_preemptions[i] = req.num_preemptions
-        self.queue_s[i] = req.queue_s
+        self.waiting_s[i] = req.waiting_s
         self.generated_tokens[i] = req.num_generated
 
     def unfinished(self, req: Request, end_s: float) -> None:
-        """A request still in the system when the clock stopped; its queue time runs to the end."""
+        """A request still in the system when the clock stopped; its waiting time runs to the end."""
         if req.status.name == "WAITING":
-            req.queue_s += end_s - req.waiting_since_s
+            req.waiting_s += end_s - req.waiting_since_s
         self._store(req)
 
     def close(self, end_s: float) -> None:

@@ -6,7 +6,10 @@ Per request (the ``requests`` frame; times in seconds from the start of the run)
 - ``e2e_s``   end-to-end latency   = finish_s - arrival_s.
 - ``tpot_s``  time per output token after the first = (e2e_s - ttft_s) / (output_tokens - 1),
   undefined (NaN) for one-token outputs.
-- ``queue_s`` total time spent in WAITING, including waits after preemptions.
+- ``queue_s``  time from arrival to first scheduled = first_scheduled_s - arrival_s (vLLM's
+  ``vllm:request_queue_time_seconds``); NaN for a request never scheduled.
+- ``waiting_s`` total time spent in WAITING: the first queueing plus every wait after a preemption
+  (up to the end of the run for a request still waiting then). Its mean is ``Wq_s``.
 
 Per engine step (the ``iterations`` frame): one row per run of identical consecutive steps. When
 ``sim.max_time_s`` stops the clock mid-step, that step is a last row with ``itl_tokens`` 0: it began
@@ -18,7 +21,9 @@ gaps equal one step's duration; gaps across a preemption or a stall are recorded
 
 The summary uses ``vllm bench serve``'s key names:
 
-- ``duration`` (s): the simulated span, from t=0 to the last completion (or to ``sim.max_time_s``).
+- ``duration`` (s): the simulated span, from t=0 to the last event of a run that drained (a
+  completion, a rejection or an arrival), or to ``sim.max_time_s`` when the clock stop cut the run
+  short (requests still in the system or still to arrive).
 - ``completed``, ``rejected``, ``unfinished``, ``num_requests``.
 - ``total_input_tokens``, ``total_output_tokens``: prompt and output tokens of completed requests.
 - ``request_throughput`` = completed / duration; ``output_throughput`` = output tokens of completed
@@ -53,7 +58,7 @@ import numpy as np
 import pandas as pd
 
 from simbatch.config import Scenario
-from simbatch.metrics.cluster import cluster_summary
+from simbatch.metrics.cluster import busy_s, cluster_summary
 from simbatch.metrics.recorder import FINISHED, REJECTED, RUN_COLUMNS, STATUS_NAMES, Recorder
 from simbatch.metrics.stats import describe_ms
 from simbatch.router import replica_scenarios
@@ -92,7 +97,8 @@ def requests_frame(wl: WorkloadArrays, rec: Recorder) -> pd.DataFrame:
         "ttft_s": ttft,
         "tpot_s": tpot,
         "e2e_s": e2e,
-        "queue_s": rec.queue_s[idx],
+        "queue_s": rec.first_scheduled_s[idx] - arrival,
+        "waiting_s": rec.waiting_s[idx],
     }, copy=False)
 
 
@@ -154,13 +160,12 @@ def summarize(scenario: Scenario, requests: pd.DataFrame, iterations: pd.DataFra
         "L": L,
         "Lq": rec.area_waiting / duration if duration > 0 else math.nan,
         "W_s": W,
-        "Wq_s": float(admitted["queue_s"].mean()) if len(admitted) else math.nan,
+        "Wq_s": float(admitted["waiting_s"].mean()) if len(admitted) else math.nan,
         "arrival_rate": lam,
         "littles_law_rel_error": abs(L - lam * W) / L if L > 0 else 0.0,
     }
     steps = iterations["num_steps"].to_numpy()
-    # A step in progress when the clock stopped counts up to the stop.
-    busy = np.minimum(iterations["end_s"].to_numpy(), end_s) - iterations["start_s"].to_numpy()
+    busy = busy_s(iterations, end_s)
     replicas = scenario.cluster.replicas
     out["server_utilization"] = float(busy.sum() / (duration * replicas)) if duration > 0 else math.nan
     out["num_steps"] = int(steps.sum())

@@ -142,7 +142,7 @@ class BaseScheduler(ABC):
     def _admit(self, req: Request, now: float) -> None:
         """WAITING -> RUNNING."""
         req.status = RUNNING
-        req.queue_s += now - req.waiting_since_s
+        req.waiting_s += now - req.waiting_since_s
         if math.isnan(req.first_scheduled_s):
             req.first_scheduled_s = now
         req.admitted_seq = self._admissions

@@ -83,6 +83,9 @@ class ContinuousScheduler(BaseScheduler):
 
     # ---------------------------------------------------------------- planning
     def schedule(self, now: float) -> StepPlan | None:
+        return self._plan(now, admit=True)
+
+    def _plan(self, now: float, admit: bool) -> StepPlan | None:
         running, group, prefilling = self.running, self._group, self._prefilling
         if not running and not len(self.waiting):
             return None
@@ -99,7 +102,7 @@ class ContinuousScheduler(BaseScheduler):
                     n = self._chunk(req)
                     if n and self._reserve(req, n, now, plan):
                         self._take(req, n)
-        if not plan.num_preempted:
+        if admit and not plan.num_preempted:
             self._admit_waiting(now, plan)
 
         sched = self._sched
@@ -181,7 +184,10 @@ class ContinuousScheduler(BaseScheduler):
                 self._granted.add(req)
 
     def _replan(self, now: float, carried: StepPlan) -> StepPlan | None:
-        plan = self.schedule(now)
+        """Plan again after a forced preemption. The step preempted, so it admits nobody (its victim
+        would come straight back, its work discarded), unless nothing is left running: an engine with
+        work waiting must not idle."""
+        plan = self._plan(now, admit=not self.running)
         if plan is not None:
             plan.num_preempted += carried.num_preempted
             plan.swap_blocks += carried.swap_blocks
@@ -268,7 +274,9 @@ class ContinuousScheduler(BaseScheduler):
             waiting.pop()
             if req.swapped_blocks:
                 plan.swap_blocks += req.swapped_blocks
-                kv.swap_in(req)
+                # Cannot fail: the swapped blocks hold its computed tokens, fewer than the check counted.
+                swapped_in = kv.swap_in(req)
+                assert swapped_in, "a swapped request was admitted without room for its blocks"
             kv.grow(req, req.num_computed_tokens + n)
             self._admit(req, now)
             if req.prefill_pending:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simbatch import streams
+from simbatch.clock import snap_s
 from simbatch.config import RequestClass, Scenario
 from simbatch.workload.arrivals import arrival_times
 from simbatch.workload.lengths import sample_lengths
@@ -112,7 +113,7 @@ def generate(scenario: Scenario) -> WorkloadArrays:
     session = None if wl.num_sessions is None else \
         streams.rng(seed, streams.SESSIONS).integers(wl.num_sessions, size=len(arrival_s), dtype=np.int64)
     return WorkloadArrays(
-        arrival_s=arrival_s,
+        arrival_s=snap_s(arrival_s),  # the clock's grid: what the engine sees is what the frames report
         prompt_tokens=prompt_tokens,
         output_tokens=output_tokens,
         tenant=tenant_of_class[class_idx],
