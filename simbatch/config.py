@@ -269,7 +269,15 @@ class Scheduler(_Model):
     max_preemptions: PosInt | None = Field(
         default=None,
         description="A request preempted this many times is not chosen as a victim again, unless every "
-        "running request is stalled on memory (then the newest goes, or the engine would wait forever).",
+        "running request is stalled on memory: then the lowest-ranked one goes all the same (the newest "
+        "admitted; under `priority`, the worst priority, then the newest), or the engine would wait forever.",
+    )
+    head_of_line_blocking: bool = Field(
+        default=True,
+        description="true: admission stops at the first waiting request (in policy order) that does not fit "
+        "(vLLM V1: no overtaking). false: it is passed over and later ones may be admitted in the same step "
+        "(first-fit backfilling, as the chapter's toy and TGI do); a large request can then starve behind "
+        "a stream of small ones.",
     )
     max_waiting: PosInt | None = Field(
         default=None, description="Waiting-queue cap per replica; arrivals beyond it are rejected (429)."

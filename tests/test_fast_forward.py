@@ -85,6 +85,7 @@ def scenarios(draw) -> dict:
                       "aging_s": draw(st.one_of(st.none(), st.floats(0.1, 10))),
                       "max_preemptions": draw(st.one_of(st.none(), st.integers(1, 3))),
                       "max_waiting": draw(st.one_of(st.none(), st.integers(1, 50))),
+                      "head_of_line_blocking": draw(st.booleans()),
                       "tenant_weights": {"interactive": 2.0}},
         "cluster": {"replicas": draw(st.integers(1, 3)), "router": draw(st.sampled_from(["round_robin", "random"]))},
         "sim": {"max_time_s": draw(st.one_of(st.none(), st.floats(1, 60)))},

@@ -37,13 +37,16 @@ def lengths(low: int, high: int):
 
 
 @st.composite
-def scenarios(draw, pressure: bool = False) -> Scenario:
+def scenarios(draw, pressure: bool = False, priority_swap: bool = False) -> Scenario:
     """A random small scenario; with ``pressure``, continuous batching short of memory under a burst,
-    so that preemption, swapping, stalls and the ``max_preemptions`` fallback are the common case."""
+    so that preemption, swapping, stalls and the ``max_preemptions`` fallback are the common case;
+    with ``priority_swap`` as well, always the priority policy (eviction at admission), swap
+    preemption and a ``max_preemptions`` cap, whose paths meet only there."""
+    pressure = pressure or priority_swap
     mode = "continuous" if pressure else draw(st.sampled_from(["continuous", "continuous", "static", "dynamic"]))
     max_num_seqs = draw(st.sampled_from([4, 6] if pressure else [1, 2, 4, 6]))
-    policy = draw(st.sampled_from(["fcfs", "priority", "sjf", "fair"]))
-    swap = draw(st.booleans())
+    policy = "priority" if priority_swap else draw(st.sampled_from(["fcfs", "priority", "sjf", "fair"]))
+    swap = priority_swap or draw(st.booleans())
     block_size = draw(st.sampled_from([1, 4, 16]))
     # Memory in units of the largest request's peak: below 1 some requests never fit, just above 1
     # requests preempt each other, at 3 a few run side by side.
@@ -82,8 +85,9 @@ def scenarios(draw, pressure: bool = False) -> Scenario:
         "scheduler__sjf_key": draw(st.sampled_from(["prompt", "output"])),
         "scheduler__tenant_weights": {"batch": 2.0} if policy == "fair" else {},
         "scheduler__preemption": "swap" if swap else "recompute",
-        "scheduler__max_preemptions": draw(st.sampled_from([None, 1, 3])),
+        "scheduler__max_preemptions": draw(st.sampled_from([1, 2] if priority_swap else [None, 1, 3])),
         "scheduler__max_waiting": None if pressure else draw(st.sampled_from([None, None, 2, 8])),
+        "scheduler__head_of_line_blocking": draw(st.booleans()),
         "cluster__replicas": draw(st.sampled_from([1, 1, 2])),
         "sim__max_time_s": None if pressure else draw(st.sampled_from([None, None, 0.4])),
         "sim__fast_forward": draw(st.booleans()),
@@ -192,4 +196,10 @@ def test_invariants_hold_on_random_small_scenarios(sc):
 @settings(max_examples=40, deadline=None)
 @given(sc=scenarios(pressure=True))
 def test_invariants_hold_under_memory_pressure(sc):
+    check_run(sc)
+
+
+@settings(max_examples=40, deadline=None)
+@given(sc=scenarios(priority_swap=True))
+def test_invariants_hold_under_priority_eviction_with_swap_and_a_preemption_cap(sc):
     check_run(sc)

@@ -11,8 +11,10 @@ Every step the running set is chosen afresh (Orca), and each request gets a slic
    progresses. With no such victim the request stalls this step, keeping its blocks.
 2. **Prefill chunks** of running requests fill what remains of the budget.
 3. **Admissions**: waiting requests, in policy order, while the budget, ``max_num_seqs`` and free
-   blocks allow; the first that does not fit stops admission (no overtaking). No admissions happen in
-   a step that preempted (the victim would be re-admitted at once: thrashing). Under the ``priority``
+   blocks allow; the first that does not fit stops admission (no overtaking), or, with
+   ``scheduler.head_of_line_blocking: false``, is passed over so that later ones may fit (first-fit
+   backfilling). No admissions happen in a step that preempted (the victim would be re-admitted at
+   once, its work discarded), unless the preemptions left nothing running. Under the ``priority``
    policy a waiting request may evict a running one of strictly worse priority.
 
 Finished requests retire at the end of the step; their blocks are free for the very next one.
@@ -58,6 +60,7 @@ class ContinuousScheduler(BaseScheduler):
         self.swap = s.preemption == "swap"
         self.max_preemptions = s.max_preemptions
         self.evicts_for_priority = s.policy == "priority"
+        self.head_of_line_blocking = s.head_of_line_blocking
         self._victim_key = victim_key(s)
         self._waiting_key = waiting_key(s)
         # Planning state of the step being built.
@@ -258,19 +261,27 @@ class ContinuousScheduler(BaseScheduler):
         self.waiting.push(victim)
 
     def _admit_waiting(self, now: float, plan: StepPlan) -> None:
+        """Rule 3: admit waiting requests in policy order while they fit.
+
+        A request that does not fit (no slot, too few blocks, or, unchunked, too little budget for its
+        prompt) stops admission; without head-of-line blocking it is passed over instead, and the
+        scan goes on while a slot, a free block and some budget remain.
+        """
         waiting, running, kv = self.waiting, self.running, self.kv
+        passed_over: list[Request] = []
         while self._budget > 0:
             req = waiting.peek()
             if req is None:
-                return
+                break
             n = self._chunk(req)
-            if n == 0:
-                return
-            if len(running) >= self.max_num_seqs or \
+            if n == 0 or len(running) >= self.max_num_seqs or \
                     blocks_for(req.num_computed_tokens + n, kv.block_size) > kv.device.num_free:
-                if self.evicts_for_priority and self._evict_for(req, now, plan):
+                if n and self.evicts_for_priority and self._evict_for(req, now, plan):
                     continue
-                return
+                if self.head_of_line_blocking or len(running) >= self.max_num_seqs or not kv.device.num_free:
+                    break
+                passed_over.append(waiting.pop())
+                continue
             waiting.pop()
             if req.swapped_blocks:
                 plan.swap_blocks += req.swapped_blocks
@@ -283,6 +294,8 @@ class ContinuousScheduler(BaseScheduler):
                 self._prefilling[req] = None
             plan.num_admitted += 1
             self._take(req, n)
+        for req in passed_over:  # back in their places: their keys are unchanged
+            waiting.push(req)
 
     def _evict_for(self, req: Request, now: float, plan: StepPlan) -> bool:
         """Priority's teeth: preempt the worst running request if its priority is strictly worse.
@@ -398,12 +411,14 @@ class ContinuousScheduler(BaseScheduler):
         return j
 
     def plan_survives_arrivals(self) -> bool:
-        """New arrivals cannot be admitted mid-run when every slot is taken, or, under FCFS, when an
-        older request already waits at the head (it could not be admitted and, with blocks only
-        shrinking, still cannot). Priority may evict for a newcomer, so it always replans."""
+        """New arrivals cannot be admitted mid-run when every slot is taken, or, under FCFS with
+        head-of-line blocking, when an older request already waits at the head (it could not be
+        admitted and, with blocks only shrinking, still cannot; a newcomer may not overtake it).
+        Priority may evict for a newcomer, so it always replans."""
         if self.evicts_for_priority:
             return False
-        return len(self.running) >= self.max_num_seqs or (self._fifo and self._waiting_at_plan > 0)
+        return len(self.running) >= self.max_num_seqs or \
+            (self._fifo and self.head_of_line_blocking and self._waiting_at_plan > 0)
 
     def kv_blocks_during(self, i: int) -> int:
         return self._plan_used + self._group_blocks(self._clock + 1, self._clock + i)

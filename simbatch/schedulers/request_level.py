@@ -42,6 +42,7 @@ class RequestLevelScheduler(BaseScheduler):
         b = scenario.batching
         self.max_batch_size = b.max_num_seqs
         self.pad = b.pad_prompts
+        self.head_of_line_blocking = scenario.scheduler.head_of_line_blocking
         if b.mode == "dynamic":
             self.max_wait_s: float | None = b.max_queue_delay_ms / 1e3
         else:
@@ -87,20 +88,27 @@ class RequestLevelScheduler(BaseScheduler):
         return self._next_step()
 
     def _form_batch(self, now: float) -> None:
-        """Take requests in policy order while the padded footprint fits in free blocks."""
+        """Take requests in policy order while the padded footprint fits in free blocks; one that
+        does not fit ends the batch, or, without head-of-line blocking, is passed over."""
         prompts: list[int] = []
         o_max = blocks = 0
+        passed_over: list[Request] = []
         while len(self.waiting) and len(self.batch) < self.max_batch_size:
             req = self.waiting.peek()
             need = self._footprint([*prompts, req.prompt_tokens], max(o_max, req.output_tokens))
             if need > self.kv.device.num_free:
-                break
+                if self.head_of_line_blocking:
+                    break
+                passed_over.append(self.waiting.pop())
+                continue
             prompts.append(req.prompt_tokens)
             o_max = max(o_max, req.output_tokens)
             blocks = need
             self.waiting.pop()
             self._admit(req, now)
             self.batch.append(req)
+        for req in passed_over:
+            self.waiting.push(req)
         self.kv.device.allocate(blocks)
         self._batch_blocks = blocks
         # Attribute the reservation to its slots so block conservation can be checked per request.
