@@ -144,6 +144,17 @@ class Trace(_Model):
     )
     prompt_column: str = Field(default="ContextTokens", description="Prompt length column, tokens.")
     output_column: str = Field(default="GeneratedTokens", description="Output length column, tokens.")
+    priority_column: str | None = Field(
+        default=None, description="Per-request priority (whole numbers, lower is served first); "
+        "replaces the priorities classes assign."
+    )
+    tenant_column: str | None = Field(
+        default=None, description="Per-request tenant name; replaces classes (leave `classes` out)."
+    )
+    keep_time_origin: bool = Field(
+        default=False, description="false: the first arrival is at t = 0. true: times as the trace gives "
+        "them: numbers as seconds from t = 0, date-times as seconds from midnight (UTC) of the first row's day."
+    )
 
 
 class Workload(_Model):
@@ -176,6 +187,9 @@ class Workload(_Model):
             if ignored:
                 raise ValueError(f"{', '.join(ignored)} would be ignored: a trace gives arrival times and "
                                  "lengths; remove them or remove the trace")
+            if self.trace.tenant_column is not None and self.classes:
+                raise ValueError("classes would be ignored: trace.tenant_column gives every request its tenant; "
+                                 "remove classes or remove tenant_column")
         if self.trace is None and self.num_requests is None and self.duration_s is None:
             raise ValueError("set num_requests or duration_s, or the workload never ends")
         if self.trace is None and math.isinf(self.arrival.rate) and self.num_requests is None:

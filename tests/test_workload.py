@@ -354,7 +354,8 @@ def trace_scenario(tmp_path: Path, text: str, **trace) -> Scenario:
 
 
 def replay(sc: Scenario, num_requests: int | None = None, duration_s: float | None = None):
-    return load_trace(sc.workload.trace, sc, num_requests, duration_s)
+    """(arrival_s, prompt_tokens, output_tokens) of the trace."""
+    return load_trace(sc.workload.trace, sc, num_requests, duration_s)[:3]
 
 
 def test_trace_parses_azure_datetimes(tmp_path):
@@ -421,6 +422,46 @@ def test_generate_with_a_trace_takes_times_and_lengths_from_it(tmp_path):
     assert len(w) == 3 and np.array_equal(w.prompt_tokens, [374, 396, 879])
     assert np.array_equal(w.output_tokens, [44, 109, 12])
     assert np.array_equal(w.priority, w.tenant + 1)
+
+
+def test_trace_priority_and_tenant_columns_ride_with_their_rows(tmp_path):
+    write(tmp_path / "trace.csv", "t,in,out,prio,who\n5,50,1,2,bob\n1,10,1,0,alice\n3,30,1,-1, carol \n")
+    sc = scenario(tmp_path, num_requests=None, trace={"path": "trace.csv", "timestamp_column": "t",
+                                                      "prompt_column": "in", "output_column": "out",
+                                                      "priority_column": "prio", "tenant_column": "who"})
+    w = generate(sc)
+    assert np.array_equal(w.prompt_tokens, [10, 30, 50])  # sorted by time, columns with their rows
+    assert np.array_equal(w.priority, [0, -1, 2])
+    assert w.tenant_names == ("alice", "carol", "bob") and np.array_equal(w.tenant, [0, 1, 2])
+
+
+def test_trace_tenant_column_and_classes_cannot_both_assign_tenants(tmp_path):
+    write(tmp_path / "trace.csv", "t,in,out,who\n1,10,1,a\n")
+    with pytest.raises(ScenarioError, match="classes would be ignored"):
+        scenario(tmp_path, num_requests=None, classes=[{"name": "x"}],
+                 trace={"path": "trace.csv", "timestamp_column": "t", "prompt_column": "in",
+                        "output_column": "out", "tenant_column": "who"})
+
+
+def test_trace_bad_priority_names_the_row(tmp_path):
+    write(tmp_path / "trace.csv", "t,in,out,prio\n1,10,1,0\n2,10,1,high\n")
+    sc = scenario(tmp_path, num_requests=None, trace={"path": "trace.csv", "timestamp_column": "t",
+                                                      "prompt_column": "in", "output_column": "out",
+                                                      "priority_column": "prio"})
+    raises_at(lambda: generate(sc), 3, "'prio'", "'high'", "priority")
+
+
+def test_trace_keeps_its_own_time_origin_when_asked(tmp_path):
+    text = "t,in,out\n100.5,10,1\n101.0,20,2\n"
+    kept = trace_scenario(tmp_path, text, timestamp_column="t", prompt_column="in", output_column="out",
+                          keep_time_origin=True, time_scale=2.0)
+    assert np.array_equal(replay(kept)[0], [201.0, 202.0])
+    # Date-times: seconds since midnight UTC of the first row's day (18:15:46.68 here).
+    arrival_s, _, _ = replay(trace_scenario(tmp_path, AZURE, keep_time_origin=True))
+    np.testing.assert_allclose(arrival_s[:2], [65746.68059, 65750.99517], atol=1e-6)
+    negative = trace_scenario(tmp_path, "t,in,out\n-1,10,1\n", timestamp_column="t", prompt_column="in",
+                              output_column="out", keep_time_origin=True)
+    raises_at(lambda: replay(negative), 2, "negative time", "keep_time_origin")
 
 
 def test_shipped_sample_trace_loads():

@@ -71,17 +71,25 @@ def first_bad(raw: pd.Series, bad: np.ndarray) -> tuple[int, str, str]:
     return int(raw.index[flagged[0]]), str(raw.iloc[flagged[0]]), tail
 
 
-def positive_ints(raw: pd.Series, path: Path, where: str, fix: str) -> np.ndarray:
-    """A text column as int64 token counts, every one a whole number >= 1.
+def whole_numbers(raw: pd.Series, path: Path, where: str, fix: str, minimum: int | None = None,
+                  what: str = "a whole number") -> np.ndarray:
+    """A text column as int64, every value a whole number (and at least ``minimum``, if given).
 
     ``fix`` ends the message, telling the user what to do about a bad row.
     """
     numbers = pd.to_numeric(raw.str.strip(), errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
     # "12.0" and "1e3" are whole numbers and pass; "12.5", "", "inf" and "n/a" do not.
     with np.errstate(invalid="ignore"):
-        bad = ~np.isfinite(numbers) | (numbers < 1) | (numbers != np.floor(numbers))
+        bad = ~np.isfinite(numbers) | (numbers != np.floor(numbers)) | (np.abs(numbers) > 2**53)
+        if minimum is not None:
+            bad |= numbers < minimum
     if bad.any():
         line, value, tail = first_bad(raw, bad)
-        raise fail(path, where, f"column {raw.name!r} has {value!r}, expected a whole number of tokens "
-                                f">= 1{tail}; {fix}", line)
+        bound = "" if minimum is None else f" >= {minimum}"
+        raise fail(path, where, f"column {raw.name!r} has {value!r}, expected {what}{bound}{tail}; {fix}", line)
     return numbers.astype(np.int64)
+
+
+def positive_ints(raw: pd.Series, path: Path, where: str, fix: str) -> np.ndarray:
+    """A text column as int64 token counts, every one a whole number >= 1."""
+    return whole_numbers(raw, path, where, fix, minimum=1, what="a whole number of tokens")

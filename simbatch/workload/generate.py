@@ -89,8 +89,10 @@ def generate(scenario: Scenario) -> WorkloadArrays:
     class's distributions (a class's own ``prompt_tokens``/``output_tokens`` override the workload's).
     """
     wl, seed = scenario.workload, scenario.seed
+    replay = None
     if wl.trace is not None:
-        arrival_s, prompt_tokens, output_tokens = load_trace(wl.trace, scenario, wl.num_requests, wl.duration_s)
+        replay = load_trace(wl.trace, scenario, wl.num_requests, wl.duration_s)
+        arrival_s, prompt_tokens, output_tokens = replay.arrival_s, replay.prompt_tokens, replay.output_tokens
     else:
         arrival_s = arrival_times(wl.arrival, streams.rng(seed, streams.ARRIVALS), wl.num_requests,
                                   wl.duration_s)
@@ -108,6 +110,13 @@ def generate(scenario: Scenario) -> WorkloadArrays:
     tenant_names = tuple(dict.fromkeys(c.name for c in classes))
     tenant_of_class = np.array([tenant_names.index(c.name) for c in classes], dtype=np.int32)
     priority_of_class = np.array([c.priority for c in classes], dtype=np.int64)
+    tenant, priority = tenant_of_class[class_idx], priority_of_class[class_idx]
+    if replay is not None and replay.tenant is not None:  # a trace's own tenants, in order of first arrival
+        codes = {name: i for i, name in enumerate(dict.fromkeys(replay.tenant.tolist()))}
+        tenant_names = tuple(codes)
+        tenant = np.fromiter((codes[t] for t in replay.tenant), dtype=np.int32, count=len(replay.tenant))
+    if replay is not None and replay.priority is not None:
+        priority = replay.priority
     # Sessions (who sends the request, for session-affinity routing) are uniform over
     # num_sessions, from their own stream; without num_sessions every request is a session.
     session = None if wl.num_sessions is None else \
@@ -116,8 +125,8 @@ def generate(scenario: Scenario) -> WorkloadArrays:
         arrival_s=snap_s(arrival_s),  # the clock's grid: what the engine sees is what the frames report
         prompt_tokens=prompt_tokens,
         output_tokens=output_tokens,
-        tenant=tenant_of_class[class_idx],
-        priority=priority_of_class[class_idx],
+        tenant=tenant,
+        priority=priority,
         tenant_names=tenant_names,
         session=session,
     )

@@ -12,6 +12,7 @@ bursts, diurnal drift, and the correlation between a request's prompt and output
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -25,8 +26,19 @@ SAMPLE_TRACE = Path(__file__).resolve().parent.parent / "data" / "sample_trace.c
 _WHERE = "workload.trace"
 
 
+class Replay(NamedTuple):
+    """The columns a trace supplies, one row per request in arrival order."""
+
+    arrival_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    priority: np.ndarray | None  # int64, from ``priority_column``
+    tenant: np.ndarray | None  # tenant names (str), from ``tenant_column``
+
+
 def _timestamps_s(raw: pd.Series, path: Path) -> np.ndarray:
-    """Each row's time, s, from an arbitrary origin: numbers as seconds, or ISO 8601 date-times.
+    """Each row's time, s: numbers as seconds, or ISO 8601 date-times as seconds from midnight UTC of
+    the earliest row's day.
 
     The column's kind is decided by its majority, so one garbled row is reported as such instead of
     flipping the whole column to the other kind and failing on every row.
@@ -39,7 +51,7 @@ def _timestamps_s(raw: pd.Series, path: Path) -> np.ndarray:
         # utc=True accepts stamps with differing UTC offsets and reads naive ones as UTC, so the gaps
         # between rows come out right either way.
         stamps = pd.to_datetime(text, errors="coerce", format="ISO8601", utc=True)
-        seconds = (stamps - stamps.min()).dt.total_seconds().to_numpy(dtype=np.float64, na_value=np.nan)
+        seconds = (stamps - stamps.min().normalize()).dt.total_seconds().to_numpy(dtype=np.float64, na_value=np.nan)
         bad, expected = np.isnan(seconds), "a date-time like 2023-11-16 18:15:46.6805900"
     if bad.any():
         line, value, tail = csvfile.first_bad(raw, bad)
@@ -49,11 +61,12 @@ def _timestamps_s(raw: pd.Series, path: Path) -> np.ndarray:
 
 
 def load_trace(trace: Trace, scenario: Scenario, num_requests: int | None,
-               duration_s: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(arrival_s, prompt_tokens, output_tokens) replayed from ``trace.path``.
+               duration_s: float | None = None) -> Replay:
+    """The requests replayed from ``trace.path``.
 
     Arrival times are offsets from the earliest row, times ``trace.time_scale``, so the first
-    request arrives at t = 0. Rows are sorted by time first (a stable sort, so rows sharing a
+    request arrives at t = 0; with ``trace.keep_time_origin`` they are the trace's own times (times
+    ``time_scale``). Rows are sorted by time first (a stable sort, so rows sharing a
     timestamp keep their file order): logs merged from several servers are often slightly out of
     order, and that is no reason to refuse them. ``num_requests`` then keeps the first that many
     arrivals and ``duration_s`` those arriving before it (in scaled time). Every row is checked,
@@ -69,8 +82,26 @@ def load_trace(trace: Trace, scenario: Scenario, num_requests: int | None,
     prompt_tokens = csvfile.positive_ints(prompts, path, _WHERE, fix)
     output_tokens = csvfile.positive_ints(outputs, path, _WHERE, fix)
     time_s = _timestamps_s(stamps, path)
+    priority = tenant = None
+    if trace.priority_column is not None:
+        raw = csvfile.column(frame, trace.priority_column, path, f"{_WHERE}.priority_column")
+        priority = csvfile.whole_numbers(raw, path, _WHERE, fix, what="a whole-number priority")
+    if trace.tenant_column is not None:
+        raw = csvfile.column(frame, trace.tenant_column, path, f"{_WHERE}.tenant_column")
+        tenant = raw.str.strip().to_numpy(dtype=object)
+        if (tenant == "").any():
+            line, _, tail = csvfile.first_bad(raw, tenant == "")
+            raise csvfile.fail(path, _WHERE, f"column {raw.name!r} is empty, expected a tenant name{tail}; {fix}",
+                               line)
+    if trace.keep_time_origin and time_s.min() < 0:
+        line, value, tail = csvfile.first_bad(stamps, time_s < 0)
+        raise csvfile.fail(path, _WHERE, f"column {stamps.name!r} has {value!r}, a negative time, which "
+                                         f"keep_time_origin cannot keep{tail}; set keep_time_origin to false", line)
 
     order = np.argsort(time_s, kind="stable")[:num_requests]
-    arrival_s = (time_s[order] - time_s[order[0]]) * trace.time_scale
+    origin = 0.0 if trace.keep_time_origin else time_s[order[0]]
+    arrival_s = (time_s[order] - origin) * trace.time_scale
     keep = len(arrival_s) if duration_s is None else np.searchsorted(arrival_s, duration_s, side="left")
-    return arrival_s[:keep], prompt_tokens[order][:keep], output_tokens[order][:keep]
+    rows = order[:keep]
+    return Replay(arrival_s[:keep], prompt_tokens[rows], output_tokens[rows],
+                  None if priority is None else priority[rows], None if tenant is None else tenant[rows])
