@@ -290,7 +290,7 @@ class Scheduler(_Model):
         default=True,
         description="true: admission stops at the first waiting request (in policy order) that does not fit "
         "(vLLM V1: no overtaking). false: it is passed over and later ones may be admitted in the same step "
-        "(first-fit backfilling, as the chapter's toy and TGI do); a large request can then starve behind "
+        "(first-fit backfilling, as the chapter's toy does); a large request can then starve behind "
         "a stream of small ones.",
     )
     max_waiting: PosInt | None = Field(

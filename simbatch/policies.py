@@ -4,8 +4,9 @@ A policy is a plain *key function*: the waiting request with the smallest key go
 running requests the one with the largest victim key is preempted first. Every key ends with the
 request id (its arrival sequence number), so ties are broken the same way in every run.
 
-- ``fcfs``: arrival order. Preempted requests keep their key, so they return to the front (they
-  arrived before anything still waiting, since FCFS admits in arrival order).
+- ``fcfs``: arrival order. Preempted requests keep their key: with head-of-line blocking FCFS admits
+  in arrival order, so a preempted request arrived before anything still waiting and returns to the
+  front (as vLLM V1 puts it); with backfilling, older requests that were passed over stay ahead of it.
 - ``priority``: lower value first, arrival breaks ties. With ``aging_s``, a waiting request's
   effective priority drops by one level every ``aging_s`` seconds it waits. All waiting requests age
   at the same rate, so their order depends only on ``priority + arrival_s / aging_s``: a static key,
@@ -15,8 +16,10 @@ request id (its arrival sequence number), so ties are broken the same way in eve
 - ``fair``: weighted fair share of running slots: the next request comes from the tenant with the
   fewest running requests per unit of weight; FCFS within a tenant. See :class:`FairQueue`.
 
-Victims: the worst key under ``priority``; the newest admitted (LIFO, cheapest to recompute) under
-every other policy.
+Victims: the worst key under ``priority`` (worst priority, then the newest arrival); the newest
+admitted (LIFO, cheapest to recompute) under every other policy. A request only ever evicts one ranked
+below it; ``scheduler.max_preemptions`` protects a request preempted that often, unless every running
+request is stalled on memory, when the lowest-ranked goes all the same.
 """
 
 from __future__ import annotations

@@ -50,6 +50,7 @@ class Ledger:
     little_max_rel: dict[str, float] = field(default_factory=lambda: {"L": 0.0, "Lq": 0.0})
     partial: bool = False  # some validation tests were not run: the report would be incomplete
     failed_tests: list[str] = field(default_factory=list)  # failed or errored, rows recorded or not
+    sections: dict[str, list[str]] = field(default_factory=dict)  # module -> Markdown blocks a test wrote
 
     def little(self, name: str, rel_error: float) -> None:
         self.little_max_rel[name] = max(self.little_max_rel[name], rel_error)
@@ -98,6 +99,11 @@ class Checker:
         self._add(quantity, bound, est.mean, est.half_width, est.mean - est.half_width <= bound,
                   est.replications, seeds_label(seeds), "bound")
         return est
+
+    def table(self, markdown: str) -> None:
+        """A Markdown block for this check's section of the report (an account that is not a row of
+        theory against simulation, such as a comparison with another simulator)."""
+        self.ledger.sections.setdefault(self.module.__name__, []).append(markdown)
 
     def exact(self, quantity: str, expected: float, measured: float, seeds=(0,)) -> bool:
         """A deterministic quantity: equal to rounding (relative 1e-9). ``seeds=()`` for no simulation."""
@@ -162,6 +168,8 @@ def render(ledger: Ledger) -> str:
         for key, doc in ledger.tests.items():
             if key.startswith(module.__name__ + "::"):
                 lines += ["", f"**`{key.split('::')[1]}`**: {doc}"]
+        for block in ledger.sections.get(module.__name__, []):
+            lines += ["", block]
     return "\n".join(lines) + "\n"
 
 
