@@ -42,4 +42,4 @@ def snap_s(seconds: np.ndarray) -> np.ndarray:
 
 def step_ns(duration_ms: float) -> int:
     """A step's duration on the grid: the nearest nanosecond, and at least one."""
-    return max(1, round(duration_ms * 1_000_000))
+    return max(1, int(duration_ms * 1_000_000 + 0.5))  # durations are >= 0: int(x + 0.5) rounds

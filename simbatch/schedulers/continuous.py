@@ -85,10 +85,8 @@ class ContinuousScheduler(BaseScheduler):
         self._plan_used = 0  # blocks in use during the first step of the run planned last
 
     # ---------------------------------------------------------------- planning
-    def schedule(self, now: float) -> StepPlan | None:
-        return self._plan(now, admit=True)
-
-    def _plan(self, now: float, admit: bool) -> StepPlan | None:
+    def schedule(self, now: float, admit: bool = True) -> StepPlan | None:
+        """Plan the next step; ``admit=False`` plans it without admissions (see ``_replan``)."""
         running, group, prefilling = self.running, self._group, self._prefilling
         if not running and not len(self.waiting):
             return None
@@ -190,7 +188,7 @@ class ContinuousScheduler(BaseScheduler):
         """Plan again after a forced preemption. The step preempted, so it admits nobody (its victim
         would come straight back, its work discarded), unless nothing is left running: an engine with
         work waiting must not idle."""
-        plan = self._plan(now, admit=not self.running)
+        plan = self.schedule(now, admit=not self.running)
         if plan is not None:
             plan.num_preempted += carried.num_preempted
             plan.swap_blocks += carried.swap_blocks
@@ -268,7 +266,7 @@ class ContinuousScheduler(BaseScheduler):
         scan goes on while a slot, a free block and some budget remain.
         """
         waiting, running, kv = self.waiting, self.running, self.kv
-        passed_over: list[Request] = []
+        passed_over: list[Request] | None = None
         while self._budget > 0:
             req = waiting.peek()
             if req is None:
@@ -280,6 +278,8 @@ class ContinuousScheduler(BaseScheduler):
                     continue
                 if self.head_of_line_blocking or len(running) >= self.max_num_seqs or not kv.device.num_free:
                     break
+                if passed_over is None:
+                    passed_over = []
                 passed_over.append(waiting.pop())
                 continue
             waiting.pop()
@@ -294,8 +294,9 @@ class ContinuousScheduler(BaseScheduler):
                 self._prefilling[req] = None
             plan.num_admitted += 1
             self._take(req, n)
-        for req in passed_over:  # back in their places: their keys are unchanged
-            waiting.push(req)
+        if passed_over:
+            for req in passed_over:  # back in their places: their keys are unchanged
+                waiting.push(req)
 
     def _evict_for(self, req: Request, now: float, plan: StepPlan) -> bool:
         """Priority's teeth: preempt the worst running request if its priority is strictly worse.
