@@ -159,12 +159,13 @@ def run_lone_replica(scenario: Scenario, run_ahead: bool) -> tuple:
 
 
 @settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(scenarios(), st.booleans())
-def test_running_ahead_of_simpy_is_invisible(scenario, fast_forward):
-    """A lone replica that applies the steps ending before the next arrival at once, without SimPy
-    events (engine module docstring), records exactly what yielding for every step records."""
+@given(scenarios())
+def test_running_ahead_of_simpy_is_invisible(scenario):
+    """A lone accelerated replica that applies the steps ending before the next arrival at once,
+    without SimPy events (:mod:`simbatch.engine.accelerated`), records exactly what yielding for every
+    step or run records."""
     scenario = Scenario.model_validate({**scenario, "cluster": {"replicas": 1},
-                                        "sim": {**scenario["sim"], "fast_forward": fast_forward}})
+                                        "sim": {**scenario["sim"], "fast_forward": True}})
     ahead, stepped = run_lone_replica(scenario, True), run_lone_replica(scenario, False)
     pd.testing.assert_frame_equal(ahead[0], stepped[0], check_exact=True)
     pd.testing.assert_frame_equal(ahead[1], stepped[1], check_exact=True)
@@ -174,11 +175,13 @@ def test_running_ahead_of_simpy_is_invisible(scenario, fast_forward):
         assert (math.isnan(value) and math.isnan(ahead[2][key])) or ahead[2][key] == value, key
 
 
-def test_a_lone_replica_runs_ahead_instead_of_yielding_every_step():
-    scenario = Scenario.model_validate({"workload": {"num_requests": 300, "arrival": {"rate": 2.0}},
-                                        "sim": {"fast_forward": False}})
+def test_the_accelerated_engine_saves_events():
+    """The reference engine yields once per step; the accelerated one, running ahead, only for the
+    step in progress at each arrival (and for runs, not steps, without running ahead)."""
 
-    def timeouts(run_ahead: bool) -> int:
+    def timeouts(fast_forward: bool, run_ahead: bool = True) -> int:
+        scenario = Scenario.model_validate({"workload": {"num_requests": 300, "arrival": {"rate": 2.0}},
+                                            "sim": {"fast_forward": fast_forward}})
         engine = Engine(scenario, generate(scenario))
         engine.replicas[0].run_ahead = run_ahead
         made = []
@@ -187,10 +190,10 @@ def test_a_lone_replica_runs_ahead_instead_of_yielding_every_step():
         engine.run()
         return len(made)
 
-    # Stepping: one timeout per step and per arrival. Running ahead: the replica yields only for
-    # the step in progress at each arrival.
-    stepping, ahead = timeouts(False), timeouts(True)
-    assert ahead <= 2 * 300 < stepping
+    reference, runs, ahead = timeouts(False), timeouts(True, run_ahead=False), timeouts(True)
+    assert ahead <= 300 < runs < reference
+    assert reference == simulate(Scenario.model_validate(
+        {"workload": {"num_requests": 300, "arrival": {"rate": 2.0}}})).summary["num_steps"]
 
 
 def test_fast_forward_skips_steps_on_a_long_decode():

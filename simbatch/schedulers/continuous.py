@@ -4,11 +4,12 @@ Every step the running set is chosen afresh (Orca), and each request gets a slic
 ``max_num_batched_tokens`` (vLLM V1):
 
 1. **Decodes first.** Every running request that is decoding gets its one token, and one more KV
-   block if it crosses a block boundary. If blocks are short, a victim is preempted and the
-   allocation retried. Victims rank below the requester (:mod:`simbatch.policies`: the newest
-   admitted, or the worst priority), so never the request itself, and never one that outranks it:
-   two requests short of memory cannot take turns evicting each other, the higher-ranked one always
-   progresses. With no such victim the request stalls this step, keeping its blocks.
+   block if it crosses a block boundary, in running (admission) order. If blocks are short, a victim
+   is preempted and the allocation retried. Victims rank below the requester
+   (:mod:`simbatch.policies`: the newest admitted, or the worst priority), so never the request
+   itself, and never one that outranks it: two requests short of memory cannot take turns evicting
+   each other, the higher-ranked one always progresses. With no such victim the request stalls this
+   step, keeping its blocks.
 2. **Prefill chunks** of running requests fill what remains of the budget.
 3. **Admissions**: waiting requests, in policy order, while the budget, ``max_num_seqs`` and free
    blocks allow; the first that does not fit stops admission (no overtaking), or, with
@@ -24,21 +25,12 @@ budget (and ``long_prefill_token_threshold``). Without it a prompt must fit whol
 of the budget (prompts larger than the budget are rejected at arrival); a recompute after preemption,
 which can exceed the budget, is still split so a preempted request can always return.
 
-Lockstep decodes. Between events, every decoding request computes one token and samples one per
-step, so the scheduler does not touch them one by one: they form a *group* that advances with a
-clock. A member's counters are brought up to date (``_sync``) only when something looks at it; the
-blocks the group needs each step follow from each member's position within its block, counted per
-residue of the clock (``_phase``, stored twice over so that any ``block_size`` consecutive steps are
-one slice of it); the next completion is the top of a heap. A step then costs the
-requests that change in it, not the batch size, and a run of identical steps costs O(block_size).
-Anything unusual (a block shortage, a preemption) first dissolves the group, and the one-request-
-at-a-time rules above apply unchanged.
+This class is the model: it schedules every request one at a time, exactly as written above, and the
+reference engine (``sim.fast_forward: false``) runs it. :class:`~simbatch.schedulers.lockstep.LockstepScheduler`
+is its accelerated twin, which must plan the very same steps.
 """
 
 from __future__ import annotations
-
-import heapq
-from operator import mul
 
 from simbatch.config import Scenario
 from simbatch.cost import blocks_for
@@ -66,37 +58,19 @@ class ContinuousScheduler(BaseScheduler):
         # Planning state of the step being built.
         self._sched: dict[Request, int] = {}
         self._budget = 0
-        self._fifo = s.policy == "fcfs"
-        self._waiting_at_plan = 0
         # Running requests with a prefill pending, in running (admission) order.
         self._prefilling: dict[Request, None] = {}
-        # The lockstep group (module docstring).
-        self._group: dict[Request, None] = {}
-        self._group_reserved = False  # the group holds its blocks for the step being planned
-        self._clock = 0  # steps executed: the number of the next step
-        self._last_end_s = 0.0
-        # Members needing a new block in step t: _phase[t % block_size], which _phase[t % block_size
-        # + block_size] repeats, so that steps t .. t + block_size - 1 are _phase[t % block_size:][:block_size].
-        self._phase = [0] * (2 * kv.block_size)
-        self._phase_members: list[dict[Request, None]] = [{} for _ in range(kv.block_size)]
-        self._granted_all = False  # every member that needed a block this step has it ...
-        self._granted: set[Request] = set()  # ... or only these (blocks were short)
-        self._done: list[tuple[int, int, Request]] = []  # (clock after a member's last token, id, member)
-        self._plan_used = 0  # blocks in use during the first step of the run planned last
 
     # ---------------------------------------------------------------- planning
     def schedule(self, now: float, admit: bool = True) -> StepPlan | None:
         """Plan the next step; ``admit=False`` plans it without admissions (see ``_replan``)."""
-        running, group, prefilling = self.running, self._group, self._prefilling
+        running, prefilling = self.running, self._prefilling
         if not running and not len(self.waiting):
             return None
         plan = StepPlan()
         self._sched, self._budget = {}, self.token_budget
-        self._group_reserved = False
-        lone = [r for r in running if not r.prefill_pending and r not in group] \
-            if len(running) > len(group) + len(prefilling) else []
-        if (group or lone) and not self._reserve_decodes(lone):
-            self._reserve_decodes_one_by_one(lone, now, plan)
+        if len(running) > len(prefilling):
+            self._schedule_decodes(now, plan)
         if prefilling:
             for req in list(prefilling):  # a snapshot: victims leave mid-loop
                 if req in prefilling:
@@ -107,17 +81,14 @@ class ContinuousScheduler(BaseScheduler):
             self._admit_waiting(now, plan)
 
         sched = self._sched
-        group_scheduled = self._group_reserved and bool(group)
-        if not sched and not group_scheduled:
+        grouped = self._plan_group(plan)
+        if not sched and not grouped:
             if not running:
                 return None  # nothing admissible; the arrival checks make this unreachable with an idle engine
             # Every running request stalled on memory with every victim protected by max_preemptions:
             # the cap yields to progress, or the engine would wait forever.
             self._preempt(max(running, key=self._victim_key), now, plan)
             return self._replan(now, plan)
-        if group_scheduled:
-            plan.group = tuple(group)
-            plan.decode_seqs = len(group)
         if sched:
             plan.slices = list(sched.items())
             for req, n in plan.slices:
@@ -125,64 +96,20 @@ class ContinuousScheduler(BaseScheduler):
                     plan.prefill_tokens += n
                 else:
                     plan.decode_seqs += 1
-        device = self.kv.device
-        self._plan_used = device.num_blocks - device.num_free
         return plan
 
-    def _reserve_decodes(self, lone: list[Request]) -> bool:
-        """Every decode's next block at once, if free blocks cover them all (the common case).
-
-        When they do, reserving one request at a time would succeed for each without preempting
-        anyone, so the outcome is the same; when they do not, nothing is taken and the caller goes
-        one request at a time.
-        """
-        bs = self.kv.block_size
-        if not lone:  # the group alone
-            if not self.kv.device.allocate(self._phase[self._clock % bs]):
-                return False
-            self._group_reserved = self._granted_all = True
-            self._budget -= len(self._group)
-            return True
-        extra = [(r.num_computed_tokens + bs) // bs - r.blocks for r in lone]
-        if not self.kv.device.allocate(self._phase[self._clock % bs] + sum(e for e in extra if e > 0)):
-            return False
-        for req, e in zip(lone, extra, strict=True):
-            if e > 0:
-                req.blocks += e
-            self._sched[req] = 1
-        self._group_reserved, self._granted_all = bool(self._group), True
-        self._budget -= len(self._group) + len(lone)
-        return True
-
-    def _reserve_decodes_one_by_one(self, lone: list[Request], now: float, plan: StepPlan) -> None:
-        """Blocks are short: the decodes that cross a block boundary, in running order, each take a
-        block, preempting others as needed (rule 1 of the module docstring). The other decodes need
-        nothing this step, so they are scheduled unless chosen as victims."""
-        bs = self.kv.block_size
-        self._group_reserved, self._granted_all, self._granted = bool(self._group), False, set()
-        self._budget -= len(self._group)
-        needers = list(self._phase_members[self._clock % bs])
-        for req in lone:
+    def _schedule_decodes(self, now: float, plan: StepPlan) -> None:
+        """Rule 1: each decoding request, in running order, its token and the block it may need."""
+        for req in list(self.running):  # a snapshot: victims leave mid-loop
+            if req.status is not RUNNING or req.prefill_pending:
+                continue  # preempted earlier in this loop, or prefilling (rule 2)
             self._take(req, 1)
-            if (req.num_computed_tokens + bs) // bs > req.blocks:
-                needers.append(req)
-        needers.sort(key=lambda r: r.admitted_seq)
-        for req in needers:
-            if req.status is not RUNNING:
-                continue  # preempted earlier in this loop
-            if req not in self._group:
-                if not self._reserve(req, 1, now, plan):
-                    self._budget += self._sched.pop(req)  # stalls, keeping its blocks
-                continue
-            while not self.kv.device.allocate(1):
-                victim = self._pick_victim(exclude=req)
-                if victim is None:
-                    self._leave(req)  # stalls: out of the lockstep until it samples again
-                    self._budget += 1
-                    break
-                self._preempt(victim, now, plan)
-            else:
-                self._granted.add(req)
+            if not self._reserve(req, 1, now, plan):
+                self._budget += self._sched.pop(req)  # stalls, keeping its blocks
+
+    def _plan_group(self, plan: StepPlan) -> bool:
+        """Put decodes planned outside ``_sched`` (the lockstep group's) into ``plan``; here, none are."""
+        return False
 
     def _replan(self, now: float, carried: StepPlan) -> StepPlan | None:
         """Plan again after a forced preemption. The step preempted, so it admits nobody (its victim
@@ -236,10 +163,7 @@ class ContinuousScheduler(BaseScheduler):
 
     def _preempt(self, victim: Request, now: float, plan: StepPlan) -> None:
         """RUNNING -> WAITING, with its KV swapped to the host if possible, else dropped for recompute."""
-        if victim in self._group:
-            self._leave(victim)
-            if self._group_reserved:
-                self._budget += 1
+        self._unplan(victim)
         self.running.remove(victim)
         self._prefilling.pop(victim, None)
         if victim in self._sched:
@@ -257,6 +181,9 @@ class ContinuousScheduler(BaseScheduler):
         victim.status = WAITING
         victim.waiting_since_s = now
         self.waiting.push(victim)
+
+    def _unplan(self, victim: Request) -> None:
+        """Forget whatever bookkeeping outside ``_sched`` a request about to be preempted has (none here)."""
 
     def _admit_waiting(self, now: float, plan: StepPlan) -> None:
         """Rule 3: admit waiting requests in policy order while they fit.
@@ -311,158 +238,15 @@ class ContinuousScheduler(BaseScheduler):
         self._preempt(max(worse, key=self._victim_key), now, plan)
         return True
 
-    # ---------------------------------------------------------------- the lockstep group
-    def _join(self, req: Request) -> None:
-        """``req`` just sampled a token and goes on decoding: from now on it advances with the clock."""
-        req.mark = self._clock
-        bs = self.kv.block_size
-        p = (self._clock - req.num_computed_tokens) % bs
-        self._phase[p] += 1
-        self._phase[p + bs] += 1
-        self._phase_members[p][req] = None
-        heapq.heappush(self._done, (self._clock + req.output_tokens - req.num_generated, req.request_id, req))
-        self._group[req] = None
-
-    def _leave(self, req: Request) -> None:
-        """Out of the lockstep, counters up to date (its heap entry goes stale: see _retire_done)."""
-        self._sync_member(req)
-        bs = self.kv.block_size
-        p = (req.mark - req.num_computed_tokens) % bs
-        self._phase[p] -= 1
-        self._phase[p + bs] -= 1
-        del self._phase_members[p][req]
-        del self._group[req]
-
-    def _sync_member(self, req: Request) -> None:
-        """Bring a member's counters to the clock, counting the block it holds for the step planned."""
-        d = self._clock - req.mark
-        if d:
-            req.num_computed_tokens += d
-            req.num_generated += d
-            req.last_token_s = self._last_end_s
-            req.last_token_step = self._clock - 1
-            req.mark = self._clock
-        planned = self._group_reserved and (self._granted_all or req in self._granted)
-        req.blocks = blocks_for(req.num_computed_tokens + planned, self.kv.block_size)
-
-    def sync(self) -> None:
-        for req in self._group:
-            self._sync_member(req)
-
-    def check_invariants(self) -> None:
-        super().check_invariants()
-        assert list(self._prefilling) == [r for r in self.running if r.prefill_pending], "prefilling set drifted"
-        assert all(r in self.running and not r.prefill_pending for r in self._group), "lockstep group drifted"
-
-    def _drop_stale(self) -> None:
-        done, group = self._done, self._group
-        while done:
-            t, _, req = done[0]
-            if req in group and t == req.mark + req.output_tokens - req.num_generated:
-                return
-            heapq.heappop(done)
-
-    def _group_blocks(self, t0: int, t1: int) -> int:
-        """Blocks the group takes in steps t0 .. t1 - 1: every member one per ``block_size`` steps."""
-        bs = self.kv.block_size
-        cycles, rest = divmod(t1 - t0, bs)
-        a = t0 % bs
-        return cycles * len(self._group) + sum(self._phase[a:a + rest])
-
-    def _retire_done(self, end_s: float, outcome: StepOutcome) -> None:
-        """Retire the members whose last token came at the end of this step, then drop the finished."""
-        done, group, finished = self._done, self._group, outcome.finished
-        while done and done[0][0] <= self._clock:
-            t, _, req = heapq.heappop(done)
-            if req not in group or t != req.mark + req.output_tokens - req.num_generated:
-                continue  # left the lockstep since (preempted or stalled)
-            self._leave(req)
-            self._retire(req, end_s)
-            finished.append(req)
-        if finished:
-            self._drop_finished(finished)
-
-    # ---------------------------------------------------------------- fast-forward
-    def repeatable_steps(self, plan: StepPlan, step: int) -> int:
-        """A plan of lockstep decodes alone repeats until one finishes or the next block cannot be had.
-
-        Nothing else can change it. Any other running request got nothing (a prefill short of blocks
-        or budget, a decode short of a block, with no victim to take one from) and stays so, as does
-        admission, impossible at this plan: the running set is fixed, free blocks only shrink, the
-        budget left is constant, policy keys are static. Only an arrival can change WAITING, and the
-        engine cuts the run when one comes.
-        """
-        if not plan.group or plan.slices or plan.num_admitted or plan.num_preempted or plan.swap_blocks:
-            return 1
-        self._drop_stale()
-        k = self._done[0][0] - step  # the first completion happens in the k-th step of the run
-        if k <= 1:
-            return 1
-        self._waiting_at_plan = len(self.waiting)
-        # Steps 2 .. j of the run take _group_blocks(step + 1, step + j) more blocks.
-        free, size, bs = self.kv.device.num_free, len(self._group), self.kv.block_size
-        if free >= -(-(k - 1) // bs) * size:
-            return k  # enough for the most steps 2 .. k could take: one block per member per block_size steps
-        cycles = min((k - 1) // bs, free // size)
-        j, free = 1 + cycles * bs, free - cycles * size
-        t, phase = step + j, self._phase
-        while j < k and phase[t % bs] <= free:
-            free -= phase[t % bs]
-            j, t = j + 1, t + 1
-        return j
-
-    def plan_survives_arrivals(self) -> bool:
-        """New arrivals cannot be admitted mid-run when every slot is taken, or, under FCFS with
-        head-of-line blocking, when an older request already waits at the head (it could not be
-        admitted and, with blocks only shrinking, still cannot; a newcomer may not overtake it).
-        Priority may evict for a newcomer, so it always replans."""
-        if self.evicts_for_priority:
-            return False
-        return len(self.running) >= self.max_num_seqs or \
-            (self._fifo and self.head_of_line_blocking and self._waiting_at_plan > 0)
-
-    def kv_blocks_during(self, i: int) -> int:
-        return self._plan_used + self._group_blocks(self._clock + 1, self._clock + i)
-
-    def kv_blocks_sum(self, n: int) -> int:
-        # With s the clock, sum_{i=1..n} used(i) = n used(1) + sum over steps s < t < s + n of
-        # phase(t) (s + n - t): the blocks taken in step t count in every later step of the n.
-        # Written u = t - s - 1 = q block_size + v, the full cycles q < c sum in closed form.
-        if n <= 1:
-            return n * self._plan_used
-        bs, phase, size = self.kv.block_size, self._phase, len(self._group)
-        a = (self._clock + 1) % bs
-        cycles, rest = divmod(n - 1, bs)
-        total = n * self._plan_used + sum(map(mul, phase[a:a + rest], range(rest, 0, -1)))
-        if cycles:
-            v = sum(map(mul, phase[a:a + bs], range(bs)))
-            total += cycles * ((n - 1) * size - v) - bs * size * cycles * (cycles - 1) // 2
-        return total
-
-    def finish_steps(self, plan: StepPlan, n: int, end_s: float, step: int) -> StepOutcome:
-        if n == 1:
-            return self.finish_step(plan, end_s, step)
-        taken = self.kv.device.allocate(self._group_blocks(step + 1, step + n))
-        assert taken, "a run of steps took blocks that were not free"
-        self._group_reserved = False
-        self._clock, self._last_end_s = step + n, end_s
-        outcome = StepOutcome([], n * len(plan.group), [])
-        if self._done and self._done[0][0] <= self._clock:
-            self._retire_done(end_s, outcome)
-        return outcome
-
-    def _drop_finished(self, finished: list[Request]) -> None:
-        if len(finished) < 8:
-            for req in finished:
-                self.running.remove(req)
-        elif finished:
-            self.running = [r for r in self.running if r.status is RUNNING]
-
     # ---------------------------------------------------------------- execution
     def finish_step(self, plan: StepPlan, end_s: float, step: int) -> StepOutcome:
-        self._group_reserved = False
-        self._clock, self._last_end_s = step + 1, end_s
-        outcome = StepOutcome([], len(plan.group), [])  # members emitted last step too: regular gaps
+        outcome = StepOutcome([], 0, [])
+        self._apply_slices(plan, end_s, step, outcome)
+        self._drop_finished(outcome.finished)
+        return outcome
+
+    def _apply_slices(self, plan: StepPlan, end_s: float, step: int, outcome: StepOutcome) -> None:
+        """Each scheduled request computes its tokens; one that caught up samples a token."""
         for req, n in plan.slices:
             req.num_computed_tokens += n
             if req.num_computed_tokens < req.prompt_tokens + req.num_generated:
@@ -475,9 +259,18 @@ class ContinuousScheduler(BaseScheduler):
                 self._retire(req, end_s)
                 outcome.finished.append(req)
             else:
-                self._join(req)
-        if self._done and self._done[0][0] <= self._clock:
-            self._retire_done(end_s, outcome)
-        elif outcome.finished:
-            self._drop_finished(outcome.finished)
-        return outcome
+                self._decoding(req)
+
+    def _decoding(self, req: Request) -> None:
+        """``req`` sampled a token and goes on decoding (a hook for the lockstep scheduler)."""
+
+    def _drop_finished(self, finished: list[Request]) -> None:
+        if len(finished) < 8:
+            for req in finished:
+                self.running.remove(req)
+        elif finished:
+            self.running = [r for r in self.running if r.status is RUNNING]
+
+    def check_invariants(self) -> None:
+        super().check_invariants()
+        assert list(self._prefilling) == [r for r in self.running if r.prefill_pending], "prefilling set drifted"

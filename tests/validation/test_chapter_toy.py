@@ -23,6 +23,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from simbatch.loading import load_scenario
 from simbatch.simulation import simulate
 
@@ -50,6 +52,7 @@ def figures(overrides: list[str]) -> dict:
             "preemptions": s["num_preemptions"]}
 
 
+@pytest.mark.validation
 def test_chapter_toy_rule_by_rule(check):
     """The toy's 200 requests under each policy, simbatch's rules switched to the toy's one at a time."""
     runs = {policy: [figures(overrides + extra) for _, extra in STEPS] for policy, overrides in POLICIES.items()}

@@ -1,0 +1,170 @@
+"""The accelerated engine (``sim.fast_forward``, the default): the same steps, fewer events.
+
+Two accelerations, each provably invisible (the tests hold the frames to the reference engine's,
+bit for bit, on scenarios full of exact ties):
+
+- **Runs of identical steps** (fast-forward). When the scheduler says a plan repeats ``k`` times if
+  nothing arrives (``BaseScheduler.repeatable_steps``: lockstep decodes until the next completion or
+  block shortage), the run is one timeout. An arrival at this replica during the run cuts it at the
+  end of the step in progress, which is exactly when a step-by-step engine would first see the
+  arrival; the run goes on if the plan survives the arrival (``plan_survives_arrivals``).
+- **Running ahead.** A lone replica that nobody observes (no router, no delayed snapshots) is told
+  when the next request arrives. A step or run that ends before then, and before the clock stop,
+  cannot be affected by anything outside the replica, so it is applied at once, on the replica's own
+  clock, without a SimPy event. The replica yields only for the step during which the next request
+  arrives (or the clock stops), so SimPy still orders every interaction.
+"""
+
+from __future__ import annotations
+
+import math
+
+from simbatch.clock import NS_PER_S
+from simbatch.engine.replica import _ITL, _WAITING, Replica, replaced
+from simbatch.schedulers import StepPlan
+
+
+def steps_to_reach(start_ns: int, step_ns: int, t_ns: int) -> int:
+    """Of steps of ``step_ns`` from ``start_ns``, the number of the one in progress at ``t_ns``.
+
+    A step is in progress from its start (excluded) to its end (included): at the instant a step
+    ends, that step is still the one in progress (the tie rule of :mod:`simbatch.clock`).
+    """
+    return max(1, -(-(t_ns - start_ns) // step_ns))
+
+
+class AcceleratedReplica(Replica):
+    """A :class:`~simbatch.engine.replica.Replica` that takes runs of steps in one go and may run ahead."""
+
+    def __init__(self, *args, **kwargs):
+        self._run_start_ns = 0  # the run of steps in progress: start and step time
+        self._run_step_ns = 0
+        self._run_offset = 0
+        self._run_ctx: tuple | None = None  # what a run of steps in progress needs to be applied early
+        # With ``knows_arrivals`` (every request comes here), the arrival process keeps this at the
+        # time of the next arrival (inf after the last; 0, "not yet known", before the first), and runs
+        # of steps end there by themselves instead of being woken.
+        self.next_arrival_ns: float = 0
+        self.knows_arrivals = False
+        # Whether the replica may run ahead of SimPy's clock (module docstring), up to the next
+        # arrival and to stop_at_ns.
+        self.run_ahead = False
+        self.stop_at_ns: float = math.inf
+        super().__init__(*args, **kwargs)
+
+    @property
+    def kv_blocks_used(self) -> int:
+        """Blocks in use now; inside a run of steps, as of the step in progress."""
+        if self._run_step_ns > 0:
+            i = steps_to_reach(self._run_start_ns, self._run_step_ns, self.env.now)
+            return self.scheduler.kv_blocks_during(self._run_offset + i)
+        return self.scheduler.kv_blocks_used
+
+    def _run(self):
+        env, sched, rec, index = self.env, self.scheduler, self.recorder, self.index
+        # Bound once: this loop runs a few times per request.
+        schedule, repeatable_steps, record = sched.schedule, sched.repeatable_steps, rec.steps
+        step_duration_ns, planned = self.step_duration_ns, self._planned
+        run_ahead, stop_at = self.run_ahead, self.stop_at_ns  # set by the cluster before the run starts
+        contiguous, now = False, env.now  # now: this replica's clock, ahead of env.now when running ahead
+        while True:
+            now_s = now / NS_PER_S
+            plan = schedule(now_s)
+            if plan.__class__ is not StepPlan:
+                yield from self._sleep(plan)
+                contiguous, now = False, env.now
+                continue
+            duration = step_duration_ns(plan)
+            shape = planned(plan, now_s, duration)
+            k = repeatable_steps(plan, self.step)
+            if k == 1:
+                kv_sum = sched.kv_blocks_sum(1)
+                end = now + duration
+                if not run_ahead or end >= self.next_arrival_ns or end >= stop_at:
+                    self._step_ctx = (now, shape, kv_sum, contiguous)
+                    yield env.timeout(end - env.now)  # SimPy's clock catches up with the replica's
+                    self._step_ctx = None
+                outcome = sched.finish_step(plan, end / NS_PER_S, self.step)
+                if outcome.itl_tokens != plan.decode_seqs:  # a token after a pause, or a first token
+                    shape = replaced(shape, _ITL, outcome.itl_tokens)
+                record(index, now_s, 1, shape, kv_sum, contiguous)
+                n = 1
+            else:
+                n, start = 0, now  # steps of this plan done so far; start of the part in progress
+                while n < k:
+                    self._run_ctx = (plan, shape, contiguous)
+                    self._run_start_ns, self._run_step_ns, self._run_offset = start, duration, n
+                    if self.knows_arrivals:
+                        m, cut = self._steps_before_arrival(start, duration, k - n)
+                        end = start + m * duration
+                        if not run_ahead or end >= self.next_arrival_ns or end >= stop_at:
+                            yield env.timeout(end - env.now)
+                    else:
+                        m, cut = yield from self._run_of_steps(start, duration, k - n)
+                        end = start + m * duration
+                    self._run_step_ns = 0
+                    kv_sum = sched.kv_blocks_sum(n + m) - sched.kv_blocks_sum(n) if n else sched.kv_blocks_sum(m)
+                    record(index, start / NS_PER_S, m, shape, kv_sum, contiguous)
+                    n, start, contiguous = n + m, end, True
+                    if cut and not sched.plan_survives_arrivals():
+                        break
+                    # The arrival only lengthened WAITING: the same plan runs on, recorded anew.
+                    shape = replaced(shape, _WAITING, len(sched.waiting))
+                self._run_ctx = None
+                outcome = sched.finish_steps(plan, n, end / NS_PER_S, self.step)
+            self.step += n
+            self._finished(outcome, end / NS_PER_S)
+            contiguous, now = True, end
+
+    def stop(self, at_ns: int) -> None:
+        """The clock stopped at ``at_ns``: settle what was in progress, as stepping would have.
+
+        Steps of a run that ended before the stop are applied; the step in progress at the stop is
+        recorded as the reference engine records it (:meth:`Replica.stop`).
+        """
+        sched, rec = self.scheduler, self.recorder
+        if self._run_ctx is not None:
+            plan, shape, contiguous = self._run_ctx
+            start, done, duration = self._run_start_ns, self._run_offset, self._run_step_ns
+            m = steps_to_reach(start, duration, at_ns) - 1  # steps of this part that ended before the stop
+            if m > 0:
+                rec.steps(self.index, start / NS_PER_S, m, shape,
+                          sched.kv_blocks_sum(done + m) - sched.kv_blocks_sum(done), contiguous)
+            last_start_s = (start + m * duration) / NS_PER_S
+            rec.steps(self.index, last_start_s, 1, replaced(shape, _ITL, 0),
+                      sched.kv_blocks_sum(done + m + 1) - sched.kv_blocks_sum(done + m), m > 0 or contiguous)
+            if done + m > 0:
+                sched.finish_steps(plan, done + m, last_start_s, self.step)
+                self.step += done + m
+            self._run_ctx = None
+        super().stop(at_ns)
+
+    def _steps_before_arrival(self, start_ns: int, step_ns: int, k: int) -> tuple[int, bool]:
+        """Of up to ``k`` steps from ``start_ns``, how many run before the next arrival here is seen.
+
+        The step in progress when it arrives is the last one (an arrival at the instant a step ends is
+        seen right after that step). Returns (steps, whether the arrival cut the run short).
+        """
+        t_next = self.next_arrival_ns
+        if t_next < start_ns + k * step_ns:
+            return steps_to_reach(start_ns, step_ns, t_next), True
+        return k, False
+
+    def _run_of_steps(self, start_ns: int, step_ns: int, k: int):
+        """Hold the GPU for up to ``k`` steps, or until an arrival is seen (woken by ``submit``).
+
+        Returns (steps done, whether an arrival cut the run short).
+        """
+        env = self.env
+        self._wake = env.event()
+        yield self._wake | env.timeout(k * step_ns)
+        n, cut = k, False
+        if self._wake.triggered and env.now < start_ns + k * step_ns:
+            # An arrival during step n: finish that step; the scheduler sees the arrival after it.
+            n, cut = steps_to_reach(start_ns, step_ns, env.now), True
+            end_ns = start_ns + n * step_ns
+            self._wake = None
+            if end_ns > env.now:
+                yield env.timeout(end_ns - env.now)
+        self._wake = None
+        return n, cut

@@ -1,0 +1,181 @@
+"""The cluster: arrivals, admission control, routing, and the end of the run, around the replicas.
+
+One SimPy process sends each request at its arrival instant: the cluster cap (``max_in_flight``), the
+router (reading live replicas, or snapshots taken ``signal_delay_ms`` earlier by a second process),
+then the chosen replica's own checks, and the replica's queue. The replicas run on their own
+(:mod:`simbatch.engine.replica`, or :mod:`simbatch.engine.accelerated` with ``sim.fast_forward``).
+
+Time is kept in integer nanoseconds (:mod:`simbatch.clock`, which also states the tie rule: at one
+instant, the clock stop, then arrivals and snapshots, then the engines). Arrivals and snapshots are
+therefore *urgent* SimPy events; the replicas' steps and timers are normal ones.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+import simpy
+from simpy.core import URGENT
+
+from simbatch.clock import NS_PER_S, to_ns
+from simbatch.config import Scenario
+from simbatch.cost import blocks_for, peak_kv_tokens
+from simbatch.engine.accelerated import AcceleratedReplica
+from simbatch.engine.replica import Replica
+from simbatch.metrics.recorder import Recorder
+from simbatch.request import Request
+from simbatch.router import Load, make_router, replica_scenarios
+from simbatch.workload import WorkloadArrays
+
+
+def rejection_reasons(scenario: Scenario, prompt_tokens: np.ndarray, output_tokens: np.ndarray) -> dict[int, str]:
+    """The requests an engine of this scenario can never serve: {index: reason} (all others: none).
+
+    Checked at arrival so that the simulation never waits on a request that cannot fit; computed for
+    the whole workload at once, since lengths are known in advance.
+    """
+    kv, b = scenario.kv_cache, scenario.batching
+    reasons: dict[int, str] = {}
+    if b.mode == "continuous" and not b.enable_chunked_prefill:
+        reasons.update(dict.fromkeys(np.flatnonzero(prompt_tokens > b.max_num_batched_tokens).tolist(),
+                                     "prompt_exceeds_budget"))
+    never_fits = blocks_for(peak_kv_tokens(prompt_tokens, output_tokens), kv.block_size) > kv.num_blocks
+    reasons.update(dict.fromkeys(np.flatnonzero(never_fits).tolist(), "never_fits"))
+    return reasons
+
+
+class _Urgent(simpy.Event):
+    """A timeout that fires before every normal event of its instant (as SimPy's own stop does)."""
+
+    def __init__(self, env: simpy.Environment, delay_ns: int):
+        super().__init__(env)
+        self._ok, self._value = True, None
+        env.schedule(self, URGENT, delay_ns)
+
+
+def _stop_ns(max_time_s: float) -> int:
+    """``sim.max_time_s`` on the grid (at least one tick: SimPy stops only in the future)."""
+    return max(1, to_ns(max_time_s))
+
+
+class Engine:
+    """The whole model for one scenario: build it, ``run()`` it, read its recorder."""
+
+    def __init__(self, scenario: Scenario, workload: WorkloadArrays, check_invariants: bool = False,
+                 on_progress: Callable[[float, int], None] | None = None):
+        self.scenario = scenario
+        self.workload = workload
+        self.env = simpy.Environment()
+        self.recorder = Recorder(len(workload), scenario.cluster.replicas)
+        self.replica_scenarios = replica_scenarios(scenario)
+        cls = AcceleratedReplica if scenario.sim.fast_forward else Replica
+        self.replicas = [cls(self.env, i, s, self.recorder, workload.tenant_names, check_invariants)
+                         for i, s in enumerate(self.replica_scenarios)]
+        self.router = make_router(scenario, workload.session)
+        self.on_progress = on_progress
+        self.arrivals_done = False
+        # Integers: exact on the clock's grid, and faster to read one at a time than NumPy's.
+        self._arrival_ns = np.rint(workload.arrival_s * NS_PER_S).astype(np.int64).tolist()
+        # With a signal delay, the router reads snapshots taken signal_delay_ms before each arrival.
+        self._views: deque[tuple[Load, ...]] | None = None
+        if scenario.cluster.signal_delay_ms > 0:
+            self._views = deque()
+            self.env.process(self._observe())  # first, so that it snapshots t <= 0 before any arrival
+        # A lone accelerated replica is told when each request will arrive (see _arrivals), and
+        # unless snapshots read its state in between, it may run ahead up to there.
+        self._lone = self.replicas[0] if len(self.replicas) == 1 and scenario.sim.fast_forward else None
+        if self._lone is not None:
+            self._lone.knows_arrivals = True
+            self._lone.run_ahead = self._views is None
+            if scenario.sim.max_time_s is not None:
+                self._lone.stop_at_ns = _stop_ns(scenario.sim.max_time_s)
+        self.env.process(self._arrivals())
+
+    def _observe(self):
+        """Snapshot every replica at each arrival time minus the signal delay.
+
+        The arrival times are known in advance, so the router's view of request i is the replicas'
+        state at exactly t_i - delay (before t = 0: the empty cluster), not an approximation
+        refreshed at some polling period. Cost: one event and one snapshot of N replicas per arrival.
+        """
+        env, delay_ns = self.env, to_ns(self.scenario.cluster.signal_delay_ms / 1e3)
+        for t in self._arrival_ns:
+            if t - delay_ns > env.now:
+                yield _Urgent(env, t - delay_ns - env.now)
+            self._views.append(tuple(Load.of(r) for r in self.replicas))
+
+    def _arrivals(self):
+        """Admit each request at its arrival instant: cluster cap, router, then the replica's checks.
+
+        Rejection reasons: ``cluster_full`` (``cluster.max_in_flight`` requests already in the
+        cluster; never routed), then, at the replica the router chose, ``never_fits`` or
+        ``prompt_exceeds_budget`` (see :func:`rejection_reasons`) and ``queue_full``
+        (``scheduler.max_waiting``). A routed request records its replica even when rejected.
+        Every arrival takes its own snapshot off the queue, routed or not.
+        """
+        env, wl, rec, sc = self.env, self.workload, self.recorder, self.scenario
+        max_waiting, max_in_flight = sc.scheduler.max_waiting, sc.cluster.max_in_flight
+        replicas, views = self.replicas, self._views
+        arrival_ns = self._arrival_ns
+        prompts, outputs = wl.prompt_tokens.tolist(), wl.output_tokens.tolist()
+        tenants, priorities = wl.tenant.tolist(), wl.priority.tolist()
+        arrival_s = wl.arrival_s.tolist()
+        single = len(replicas) == 1 and views is None
+        lone = self._lone  # told when each request will arrive
+        rejected = [rejection_reasons(s, wl.prompt_tokens, wl.output_tokens) for s in self.replica_scenarios]
+        for i, t in enumerate(arrival_ns):
+            if lone is not None:
+                lone.next_arrival_ns = t
+            if t > env.now:
+                yield _Urgent(env, t - env.now)
+            now_s = arrival_s[i]
+            if self.on_progress is not None and i % 1024 == 0:
+                self.on_progress(now_s, i)
+            view = None if views is None else views.popleft()
+            if max_in_flight is not None and \
+                    sum(r.num_running + r.num_waiting for r in replicas) >= max_in_flight:
+                rec.reject(now_s, i, "cluster_full")
+                continue
+            if single:
+                replica = replicas[0]
+            else:
+                replica = replicas[self.router.route(i, replicas if view is None else view)]
+            rec.replica[i] = replica.index
+            reason = rejected[replica.index].get(i)
+            if reason is None and max_waiting is not None and replica.num_waiting >= max_waiting:
+                reason = "queue_full"
+            if reason is not None:
+                rec.reject(now_s, i, reason)
+                continue
+            rec.arrive(now_s, i)
+            replica.submit(Request(i, now_s, prompts[i], outputs[i], tenants[i], priorities[i]), now_s)
+        if lone is not None:
+            lone.next_arrival_ns = math.inf
+        self.arrivals_done = True
+        for replica in replicas:
+            replica.close()
+
+    def run(self) -> float:
+        """Run to the end (drained, or ``sim.max_time_s``); returns the end time of the run, s.
+
+        The run ends at its last event (a completion, a rejection or an arrival) when it drained, and
+        at the clock stop when the stop cut it short (requests still in the system, or still to come).
+        """
+        limit = self.scenario.sim.max_time_s
+        limit_ns = None if limit is None else _stop_ns(limit)
+        self.env.run(until=limit_ns)
+        for replica in self.replicas:
+            replica.stop(self.env.now)
+        rec = self.recorder
+        in_system = [r for rep in self.replicas for r in (*rep.scheduler.running, *rep.scheduler.waiting)]
+        if in_system and limit is None:
+            raise RuntimeError(f"the engine stopped with {len(in_system)} requests in the system: a scheduler bug")
+        cut = limit_ns is not None and (in_system or not self.arrivals_done)
+        end_s = limit_ns / NS_PER_S if cut else rec.t_last
+        for req in in_system:
+            rec.unfinished(req, end_s)
+        rec.close(end_s)
+        return end_s

@@ -1,0 +1,156 @@
+"""One engine, plainly: the loop that *is* the model.
+
+    plan = scheduler.schedule(now)      # who computes how many tokens this step
+    duration = step time of the plan    # the cost model
+    hold the GPU for duration           # one SimPy timeout
+    outcome = scheduler.finish_step()   # tokens sampled, requests retired
+    record the step and the outcome     # the recorder
+
+With nothing to do the loop sleeps, without ticking, until a request arrives (``submit`` wakes it)
+or a batching timer falls due. Every step is one SimPy event, and the scheduler plans every request
+one at a time: this is the reference engine (``sim.fast_forward: false``), which the accelerated one
+(:mod:`simbatch.engine.accelerated`) must match frame for frame.
+
+Times cross into the scheduler and the recorder in seconds; the loop itself counts whole
+nanoseconds (:mod:`simbatch.clock`).
+"""
+
+from __future__ import annotations
+
+import simpy
+
+from simbatch.clock import NS_PER_S, ceil_ns, step_ns
+from simbatch.config import Scenario
+from simbatch.metrics.recorder import SHAPE_COLUMNS, Recorder
+from simbatch.request import Request
+from simbatch.schedulers import BaseScheduler, StepPlan, make_scheduler
+
+_WAITING, _ITL = SHAPE_COLUMNS.index("num_waiting"), SHAPE_COLUMNS.index("itl_tokens")
+
+
+def replaced(shape: tuple, column: int, value: int) -> tuple:
+    """A row with one column changed."""
+    return (*shape[:column], value, *shape[column + 1:])
+
+
+class Replica:
+    """One engine: a scheduler, its KV cache, and the SimPy process that steps it."""
+
+    def __init__(self, env: simpy.Environment, index: int, scenario: Scenario, recorder: Recorder,
+                 tenant_names: tuple[str, ...], check_invariants: bool = False):
+        self.env = env
+        self.index = index
+        self.device = device = scenario.device
+        self._cost_ms = (device.tau0_ms, device.beta_ms, device.prefill_ms_per_token,
+                         scenario.kv_cache.swap_ms_per_block)
+        self.scheduler: BaseScheduler = make_scheduler(scenario, tenant_names)
+        self.recorder = recorder
+        self.check = check_invariants
+        self.step = 0
+        self._wake: simpy.Event | None = None  # set while sleeping
+        self._step_ctx: tuple | None = None  # the step in progress, to record if the clock stops
+        self.process = env.process(self._run())
+
+    # ---------------------------------------------------------------- what the router sees
+    @property
+    def num_waiting(self) -> int:
+        return self.scheduler.num_waiting
+
+    @property
+    def num_running(self) -> int:
+        return self.scheduler.num_running
+
+    @property
+    def kv_blocks_used(self) -> int:
+        return self.scheduler.kv_blocks_used
+
+    @property
+    def kv_blocks_total(self) -> int:
+        """Device KV blocks of this replica (a heterogeneous fleet's replicas differ)."""
+        return self.scheduler.kv.device.num_blocks
+
+    # ---------------------------------------------------------------- inputs
+    def submit(self, req: Request, now_s: float) -> None:
+        req.replica = self.index
+        self.scheduler.add(req, now_s)
+        self._poke()
+
+    def close(self) -> None:
+        self.scheduler.close()
+        self._poke()
+
+    def _poke(self) -> None:
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    # ---------------------------------------------------------------- the loop
+    def step_duration_ns(self, plan: StepPlan) -> int:
+        """:func:`simbatch.cost.step_time_s` of the plan plus its swap traffic, on the clock's grid."""
+        tau0_ms, beta_ms, gamma_ms, swap_ms = self._cost_ms
+        return step_ns(tau0_ms + beta_ms * (plan.decode_seqs + plan.padded_decode_seqs)
+                       + gamma_ms * (plan.prefill_tokens + plan.padded_prefill_tokens)
+                       + swap_ms * plan.swap_blocks)
+
+    def _sleep(self, plan: float | None):
+        """Wait for an arrival, or until the scheduler's timer (``plan``, s) falls due."""
+        self._wake = self.env.event()
+        # A timer due at a time the grid rounds below ``now`` still waits one tick: time advances.
+        yield self._wake if plan is None else \
+            (self._wake | self.env.timeout(max(1, ceil_ns(plan) - self.env.now)))
+        self._wake = None
+
+    def _planned(self, plan: StepPlan, now_s: float, duration_ns: int) -> tuple:
+        """What every step does once planned: check, count the waiting change, and shape its row."""
+        sched = self.scheduler
+        if self.check:
+            sched.check_invariants()
+        if plan.num_preempted or plan.num_admitted:
+            self.recorder.waiting_change(now_s, plan.num_preempted - plan.num_admitted)
+        # The row of this step, in SHAPE_COLUMNS order.
+        return (duration_ns / NS_PER_S, len(sched.running), len(sched.waiting), plan.batch_size,
+                plan.decode_seqs, plan.prefill_tokens, plan.padded_tokens, plan.decode_seqs,
+                plan.num_preempted, plan.swap_blocks)
+
+    def _finished(self, outcome, end_s: float) -> None:
+        if outcome.stall_gaps_s:
+            self.recorder.stall_gaps_s.extend(outcome.stall_gaps_s)
+        if outcome.finished:
+            self.recorder.finish(end_s, outcome.finished)
+
+    def _run(self):
+        env, sched, rec = self.env, self.scheduler, self.recorder
+        contiguous = False
+        while True:
+            now = env.now
+            plan = sched.schedule(now / NS_PER_S)
+            if plan.__class__ is not StepPlan:
+                yield from self._sleep(plan)
+                contiguous = False
+                continue
+            duration = self.step_duration_ns(plan)
+            shape = self._planned(plan, now / NS_PER_S, duration)
+            kv_blocks = sched.kv_blocks_used
+            self._step_ctx = (now, shape, kv_blocks, contiguous)
+            yield env.timeout(duration)
+            self._step_ctx = None
+            end_s = env.now / NS_PER_S
+            outcome = sched.finish_step(plan, end_s, self.step)
+            self.step += 1
+            if outcome.itl_tokens != plan.decode_seqs:  # a token after a pause, or a first token
+                shape = replaced(shape, _ITL, outcome.itl_tokens)
+            rec.steps(self.index, now / NS_PER_S, 1, shape, kv_blocks, contiguous)
+            self._finished(outcome, end_s)
+            contiguous = True
+
+    def stop(self, at_ns: int) -> None:
+        """The clock stopped at ``at_ns``: record the step in progress, as begun but never done.
+
+        It began, so its admissions and preemptions happened; its tokens never came (``itl_tokens``
+        0), and it is not applied. A step ending at the stop instant is such a step: nothing happens
+        at the stop.
+        """
+        if self._step_ctx is not None:
+            start, shape, kv_blocks, contiguous = self._step_ctx
+            self.recorder.steps(self.index, start / NS_PER_S, 1, replaced(shape, _ITL, 0), kv_blocks, contiguous)
+            self._step_ctx = None
+        self.scheduler.sync()
