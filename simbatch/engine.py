@@ -21,6 +21,7 @@ from collections.abc import Callable
 import numpy as np
 import simpy
 
+from simbatch.client import Client
 from simbatch.config import Scenario
 from simbatch.cost import blocks_for, peak_kv_tokens
 from simbatch.metrics.recorder import SHAPE_COLUMNS, Recorder
@@ -88,6 +89,8 @@ class Replica:
         # arrival and to stop_at_s.
         self.run_ahead = False
         self.stop_at_s = math.inf if scenario.sim.max_time_s is None else scenario.sim.max_time_s
+        # Told of every completion, at its time (a client whose next send waits on it); None: nobody.
+        self.on_finish: Callable[[int], None] | None = None
         self.process = env.process(self._run())
 
     # ---------------------------------------------------------------- what the router sees
@@ -194,6 +197,8 @@ class Replica:
                 rec.stall_gaps_s.extend(outcome.stall_gaps_s)
             if outcome.finished:
                 rec.finish(end, outcome.finished)
+                if self.on_finish is not None:
+                    self.on_finish(len(outcome.finished))
             contiguous, now = True, end
 
     def stop(self, at_s: float) -> None:
@@ -280,9 +285,14 @@ class Engine:
             self._views = deque()
             self.env.process(self._observe())  # first, so that it snapshots t <= 0 before any arrival
         self._arrival_s = workload.arrival_s.tolist()  # floats: faster to read one at a time than NumPy's
+        # A client sends when earlier requests complete, so send times are known only as the run goes.
+        self.client = Client.of(self.env, scenario.workload)
+        if self.client is not None:
+            for replica in self.replicas:
+                replica.on_finish = self.client.done
         # A lone replica is told when each request will arrive (see _arrivals), and unless
         # snapshots read its state in between, it may run ahead up to there.
-        self.replicas[0].run_ahead = len(self.replicas) == 1 and self._views is None
+        self.replicas[0].run_ahead = len(self.replicas) == 1 and self._views is None and self.client is None
         self.env.process(self._arrivals())
 
     def _observe(self):
@@ -313,13 +323,24 @@ class Engine:
         prompts, outputs = wl.prompt_tokens.tolist(), wl.output_tokens.tolist()
         tenants, priorities = wl.tenant.tolist(), wl.priority.tolist()
         single = len(replicas) == 1 and views is None
-        lone = replicas[0] if len(replicas) == 1 else None  # told when each request will arrive
+        client = self.client
+        # Closed-loop users stop at the workload's duration (open-loop arrivals are all before it).
+        stop_sending_s = sc.workload.duration_s if client is not None and not client.open_loop else None
+        # Told when each request will arrive; not with a client, whose send times depend on completions.
+        lone = replicas[0] if len(replicas) == 1 and client is None else None
         rejected = [rejection_reasons(s, wl.prompt_tokens, wl.output_tokens) for s in self.replica_scenarios]
         for i, t in enumerate(arrival_s):
             if lone is not None:
                 lone.next_arrival_at_s = t
             now = env.now
-            if t > now:
+            if client is not None:
+                wait_s = yield from client.send(t)
+                now = env.now
+                if stop_sending_s is not None and now >= stop_sending_s:
+                    break
+                rec.sent(i, now, wait_s)
+                t = now  # the server's clock starts at the send
+            elif t > now:
                 yield env.timeout(t - now)
                 now = env.now
             if self.on_progress is not None and i % 1024 == 0:
@@ -327,6 +348,8 @@ class Engine:
             if max_in_flight is not None and \
                     sum(r.num_running + r.num_waiting for r in replicas) >= max_in_flight:
                 rec.reject(now, i, "cluster_full")
+                if client is not None:
+                    client.done()
                 continue
             if single:
                 replica = replicas[0]
@@ -338,6 +361,8 @@ class Engine:
                 reason = "queue_full"
             if reason is not None:
                 rec.reject(now, i, reason)
+                if client is not None:
+                    client.done()
                 continue
             rec.arrive(now, i)
             replica.submit(Request(i, t, prompts[i], outputs[i], tenants[i], priorities[i]), now)

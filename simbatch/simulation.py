@@ -43,13 +43,17 @@ def expected_stability(scenario: Scenario, workload: WorkloadArrays) -> Stabilit
 
 
 def simulate(scenario: Scenario, *, check_invariants: bool = False,
-             on_progress: Callable[[float, int], None] | None = None) -> Result:
+             on_progress: Callable[[float, int], None] | None = None,
+             workload: WorkloadArrays | None = None) -> Result:
     """Run ``scenario`` to the end and collect its frames and summary.
 
     ``check_invariants`` re-checks pools and block conservation at every step (slow; for tests).
     ``on_progress(sim_time_s, requests_arrived)`` is called now and then, for progress bars.
+    ``workload``: the requests, when already drawn from this scenario's workload section (a comparison
+    of variants that leave it alone draws it once); drawn here otherwise.
     """
-    workload = generate(scenario)
+    if workload is None:
+        workload = generate(scenario)
     engine = Engine(scenario, workload, check_invariants=check_invariants, on_progress=on_progress)
     end_s = engine.run()
     requests = requests_frame(workload, engine.recorder)
