@@ -62,7 +62,7 @@ def variants(vary: list[str], groups: list[str]) -> dict[str, list[str]]:
                                     "e.g. --variant 'scheduler.policy=sjf;batching.max_num_seqs=32'")
         columns.append((",".join(f"{_short(k)}={v}" for k, _, v in (s.partition("=") for s in sets)), sets))
     out = dict(columns)
-    if len(out) < len(columns):
+    if len(out) < len(columns) or len({frozenset(sets) for _, sets in columns}) < len(columns):
         raise CompareInputError("--vary/--variant: two variants give the same column; make each one different")
     return {_safe(label): sets for label, sets in out.items()}
 
