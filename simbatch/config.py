@@ -191,7 +191,8 @@ class Workload(_Model):
         default=None, description="Stop after this many arrivals (a trace: replay its first N rows)."
     )
     duration_s: PosFloat | None = Field(default=None, description="Stop arrivals after this much time, s.")
-    arrival: Arrival = Field(default_factory=Arrival)
+    arrival: Arrival | None = Field(default_factory=Arrival,
+                                    description="When requests arrive; null with closed_loop, whose users send instead.")
     prompt_tokens: LengthDist = Field(default_factory=lambda: Fixed(value=128),
                                       description="Prompt lengths: the prefill work and the KV held on admission.")
     output_tokens: LengthDist = Field(default_factory=lambda: Fixed(value=128),
@@ -224,13 +225,17 @@ class Workload(_Model):
                                  "lengths; remove them or remove the trace")
         if self.trace is None and self.num_requests is None and self.duration_s is None:
             raise ValueError("set num_requests or duration_s, or the workload never ends")
-        if self.trace is None and math.isinf(self.arrival.rate) and self.num_requests is None:
+        if self.arrival is None and self.closed_loop is None:
+            raise ValueError("arrival is null, so nobody sends requests; give an arrival process or closed_loop users")
+        if self.trace is None and self.arrival is not None and math.isinf(self.arrival.rate) and \
+                self.num_requests is None:
             raise ValueError("rate: inf sends everything at t=0, so num_requests must be set")
         if self.closed_loop is not None:
-            clash = [k for k in ("arrival", "trace", "max_concurrency") if k in self.model_fields_set]
+            clash = [k for k in ("trace", "max_concurrency") if k in self.model_fields_set]
+            clash += ["arrival"] if "arrival" in self.model_fields_set and self.arrival is not None else []
             if clash:
                 raise ValueError(f"closed_loop with {', '.join(clash)}: closed-loop users send when their previous "
-                                 "request ends, so there are no arrival times to set; remove one of them")
+                                 "request ends, so there are no arrival times; remove it (set arrival to null)")
             if self.num_requests is None:
                 raise ValueError("closed_loop needs num_requests: the users send that many requests in all")
         return self

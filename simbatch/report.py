@@ -120,6 +120,19 @@ def stability_block(st: Stability) -> str:
     return "\n".join(lines)
 
 
+def client_note(workload) -> str:
+    """What a client (``workload.max_concurrency`` or ``closed_loop``) changes in the check above; "" without one."""
+    if workload.closed_loop is not None:
+        users = workload.closed_loop
+        return (f"Closed loop: {users.concurrency} users, think time {users.think_time_s:g} s; the rate above is what "
+                "they send at the unloaded latency. They never hold more than that many requests in the server, so "
+                "no queue grows without bound: past capacity, latency rises until the users slow down.")
+    if workload.max_concurrency is not None:
+        return (f"Client: at most {workload.max_concurrency} requests in flight (max_concurrency). Requests beyond "
+                "wait at the client, reported as client wait; past capacity that wait grows, not the server's queue.")
+    return ""
+
+
 def littles_law_line(summary: Mapping) -> str:
     """L measured from the engine's state against λ·W from the request rows."""
     lam_w = summary["arrival_rate"] * summary["W_s"]

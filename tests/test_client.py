@@ -112,3 +112,13 @@ def test_a_client_refuses_a_signal_delay():
     with pytest.raises(Exception, match="signal_delay_ms .* with workload.max_concurrency"):
         scenario_from_dict({"workload": {"num_requests": 5, "max_concurrency": 2},
                             "cluster": {"replicas": 2, "router": "least_outstanding", "signal_delay_ms": 5}})
+
+
+def test_closed_loop_takes_an_explicit_null_arrival_and_nothing_else_does():
+    sc = scenario_from_dict({"workload": {"num_requests": 30, "arrival": None, "duration_s": 100,
+                                          "closed_loop": {"concurrency": 3}}})
+    r = simulate(sc)
+    assert r.summary["completed"] == 30  # duration_s stops the users, it does not thin the requests
+    assert r.stability.demanded_concurrency == pytest.approx(3)  # the users' rate at the unloaded latency
+    with pytest.raises(Exception, match="arrival is null, so nobody sends requests"):
+        scenario_from_dict({"workload": {"num_requests": 5, "arrival": None}})

@@ -71,6 +71,8 @@ def run(scenario_file: Path = SCENARIO_ARG,
     workload = generate(scenario)
     say = (lambda text: None) if quiet else typer.echo
     say(report.stability_block(expected_stability(scenario, workload)))
+    if note := report.client_note(scenario.workload):
+        say(note)
     result = _simulate(scenario, scenario.batching.mode, len(workload), quiet, workload)
     say(_table(scenario, result.summary))
     for extra in (report.rejections_line(result.requests), report.tenant_table(result.requests)):

@@ -90,6 +90,8 @@ def generate(scenario: Scenario) -> WorkloadArrays:
     wl, seed = scenario.workload, scenario.seed
     if wl.trace is not None:
         arrival_s, prompt_tokens, output_tokens = load_trace(wl.trace, scenario, wl.num_requests, wl.duration_s)
+    elif wl.closed_loop is not None:
+        arrival_s = np.zeros(wl.num_requests)  # users send when ready (simbatch.client); nothing is scheduled
     else:
         arrival_s = arrival_times(wl.arrival, streams.rng(seed, streams.ARRIVALS), wl.num_requests,
                                   wl.duration_s)
