@@ -62,3 +62,18 @@ def test_bad_flags_are_one_line_and_write_nothing(tmp_path, args, words):
 
 def test_percentile_word_is_vllms():
     assert [percentile_word(p) for p in (99, 99.0, 99.9, 50, 99.99)] == ["p99", "p99", "p99.9", "p50", "p99.99"]
+
+
+def test_concepts_maps_every_vllm_flag():
+    """docs/concepts.md's table names every flag of simbatch.cli.bench_flags, and vLLM's dataset flags."""
+    import re
+
+    from simbatch.cli import bench_flags
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "concepts.md").read_text(encoding="utf-8")
+    table = text[text.index("## From `vllm bench serve` to simbatch"):]
+    flags = set(re.findall(r'"(--[a-z-]+)"', Path(bench_flags.__file__).read_text(encoding="utf-8")))
+    assert len(flags) == 7
+    dataset = {"--dataset-name random", "--random-input-len", "--random-output-len", "--random-range-ratio",
+               "--dataset-name sharegpt", "--save-result", "--seed"}
+    assert not [f for f in flags | dataset if f not in table]
