@@ -4,7 +4,8 @@ The engine loop asks its scheduler for a plan, holds the GPU for the plan's step
 ``timeout`` per step), applies the step, and repeats. With nothing to do it sleeps, without ticking,
 until a request arrives or a batching timer falls due.
 
-A lone replica that nobody observes (no router, no delayed snapshots) may *run ahead*: a step that
+A lone replica that nobody observes (no router, no delayed snapshots, no client waiting on its
+completions) may *run ahead*: a step that
 ends before the next arrival and before ``sim.max_time_s`` cannot be affected by anything outside
 the replica, so it is applied at once, on the replica's own clock, without a SimPy event. The
 replica yields only for the step during which the next request arrives (or the clock stops), so

@@ -122,3 +122,22 @@ def test_variant_labels():
     assert list(variants(["a.b=1,2", "c.d=x"], ["a.b=3;c.d=y"])) == ["b=1,d=x", "b=2,d=x", "b=3,d=y"]
     with pytest.raises(CompareInputError, match="same column"):
         variants(["a.b=1"], ["a.b=1"])
+
+
+def test_per_tenant_and_per_replica_rows_are_kept(tmp_path):
+    result = invoke("compare", SCENARIOS / "priority_tiers.yaml", "--vary", "scheduler.policy=fcfs,priority",
+                    "--set", "workload.duration_s=10", "--set", "cluster.replicas=2", "--no-plots", "--out",
+                    tmp_path / "c")
+    assert result.exit_code == 0, result.stderr
+    summary = json.loads((tmp_path / "c" / "summary.json").read_text())["fcfs"]
+    for label, key in (("interactive: mean TTFT (ms)", "tenant_interactive_mean_ttft_ms"),
+                       ("batch: req/s", "tenant_batch_request_throughput"),
+                       ("replica 1: output (tok/s)", "replica_1_output_throughput")):
+        assert row(result.stdout, label)[0] == f"{summary[key]:,.{1 if 'TTFT' in label or 'tok' in label else 2}f}"
+    # A sweep's summary.csv gets the same keys as columns: its runs are summarized alike.
+    from simbatch.loading import load_scenario
+    from simbatch.sweep.runner import simulate_run
+
+    record = simulate_run(load_scenario(SCENARIOS / "priority_tiers.yaml",
+                                        ["workload.duration_s=10", "cluster.replicas=2"]))
+    assert {"tenant_interactive_p99_ttft_ms", "tenant_batch_mean_e2el_ms", "replica_0_L"} <= set(record["summary"])

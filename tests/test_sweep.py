@@ -364,9 +364,11 @@ def test_progress_advances_once_per_point_on_a_terminal(monkeypatch):
 
 
 # --------------------------------------------------------------------------- issue 16: what a sweep shows
-def test_a_sweep_ends_with_a_table_of_means_and_95_ci(cli, scenario_file, tmp_path, no_plots):
+def test_a_sweep_ends_with_a_table_of_means_and_95_ci(cli, scenario_file, tmp_path):
     out = tmp_path / "sweep"
-    result = sweep(cli, scenario_file, out, "-p", "batching.mode=static,continuous", "-r", "3", "-w", "1")
+    result = sweep(cli, scenario_file, out, "-p", "batching.mode=static,continuous", "-r", "3", "-w", "1",
+                   "--no-plots")
+    assert not list(out.glob("*.png"))
     assert "mean ± 95 % CI half-width over 3 replications" in result.output
     frame = pd.read_csv(out / "summary.csv")
     lines = {mode: next(ln for ln in result.output.splitlines() if re.search(rf"\b{mode}\b", ln) and "±" in ln)

@@ -113,6 +113,7 @@ def sweep(
     workers: WorkersOpt = None,
     scheduler_address: AddressOpt = None,
     out: OutOpt = None,
+    no_plots: Annotated[bool, typer.Option("--no-plots", help="Write summary.csv only, no plots.")] = False,
 ) -> None:
     """Run a scenario over a grid of parameters with replications: summary.csv (means, 95 % CIs) and plots.
 
@@ -123,7 +124,7 @@ def sweep(
     _check(replications, workers, scheduler_address)
     plan = Sweep.plan(scenario, param or [], set_ or [], replications, out)
     with _connect(workers, scheduler_address) as executor, _progress(len(plan.points), "points") as advance:
-        frame, plots = plan.run(executor, advance)
+        frame, plots = plan.run(executor, advance, with_plots=not no_plots)
     failed = frame[frame["error"] != ""]
     typer.echo(f"{len(frame)} points x {replications} replications on {executor.description}; "
                f"{len(failed)} failed")
