@@ -122,3 +122,22 @@ def test_closed_loop_takes_an_explicit_null_arrival_and_nothing_else_does():
     assert r.stability.demanded_concurrency == pytest.approx(3)  # the users' rate at the unloaded latency
     with pytest.raises(Exception, match="arrival is null, so nobody sends requests"):
         scenario_from_dict({"workload": {"num_requests": 5, "arrival": None}})
+
+
+@pytest.mark.parametrize("client", [{"max_concurrency": 6, "arrival": {"rate": 30}},
+                                    {"closed_loop": {"concurrency": 6, "think_time_s": 0.05}, "arrival": None}])
+def test_a_client_gives_the_same_run_stepping_one_step_at_a_time(client):
+    data = {"workload": {"num_requests": 150, "output_tokens": {"dist": "uniform", "low": 1, "high": 80}, **client},
+            "batching": {"max_num_seqs": 4}}
+    fast = simulate(scenario_from_dict({**data, "sim": {"fast_forward": True}}))
+    slow = simulate(scenario_from_dict({**data, "sim": {"fast_forward": False}}), check_invariants=True)
+    pd.testing.assert_frame_equal(fast.requests, slow.requests)
+    assert fast.summary == pytest.approx(slow.summary, nan_ok=True)
+
+
+def test_the_cap_holds_across_a_fleet():
+    r = simulate(scenario_from_dict({"workload": {"num_requests": 200, "arrival": {"rate": 60}, "max_concurrency": 7},
+                                     "cluster": {"replicas": 3, "router": "least_outstanding"},
+                                     "batching": {"max_num_seqs": 4}}), check_invariants=True)
+    assert max_in_server(r.requests) == 7 and r.summary["completed"] == 200
+    assert set(r.requests["replica"]) == {0, 1, 2}
