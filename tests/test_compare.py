@@ -109,11 +109,15 @@ def test_bad_sources_are_one_line_and_write_nothing(tmp_path):
     (tmp_path / "empty").mkdir()
     for sources, words in (([tmp_path / "empty", tmp_path / "not_vllm.json"], "not a result folder"),
                            ([tmp_path / "not_vllm.json", tmp_path / "not_vllm.json"], "lacks duration"),
-                           ([tmp_path / "nowhere", tmp_path / "empty"], "no such file or folder")):
+                           ([tmp_path / "nowhere", tmp_path / "empty"], "no such file or folder"),
+                           ([tmp_path / "empty"], "give one scenario file, or two or more"),
+                           ([SCENARIOS / "stable.yaml", SCENARIOS / "bursty.yaml"], "give one scenario file")):
         result = invoke("compare", *sources, "--out", tmp_path / "x")
         assert result.exit_code == 2 and result.stderr.count("\n") == 1 and words in result.stderr, result.stderr
     result = invoke("compare", tmp_path / "empty", tmp_path / "empty", "--vary", "seed=1,2", "--out", tmp_path / "x")
     assert result.exit_code == 2 and "--vary: applies to a scenario" in result.stderr
+    result = invoke("compare", tmp_path / "empty", tmp_path / "empty", "--request-rate", "3", "--out", tmp_path / "x")
+    assert result.exit_code == 2 and "a vllm bench serve flag: applies to a scenario" in result.stderr
     assert not (tmp_path / "x").exists()
 
 

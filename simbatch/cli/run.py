@@ -125,18 +125,16 @@ def compare(sources: list[Path] = SOURCES_ARG,
     simbatch compare results/a results/b vllm_result.json
     """
     say = (lambda text: None) if quiet else typer.echo
+    bench = bench_overrides(request_rate, burstiness, num_prompts, max_concurrency, percentile_metrics,
+                            metric_percentiles, goodput)
     try:
         if len(sources) > 1 or sources[0].is_dir() or sources[0].suffix == ".json":
-            scenario_args = {"--modes": modes, "--vary": vary, "--variant": variant, "--set": sets, "--seed": seed}
-            given = [flag for flag, value in scenario_args.items() if value]
+            given = [flag for flag, value in (("--modes", modes), ("--vary", vary), ("--variant", variant),
+                                              ("--set", sets), ("--seed", seed), ("a vllm bench serve flag", bench))
+                     if value]
             if given:
                 raise BadInput(f"{given[0]}: applies to a scenario, and these are existing runs; remove it")
-            runs = load_sources(sources)
-            folder = out or results.default_folder("compare")
-            results.check_target(folder)
-            say(report.compare_table(runs))
-            write_sources(folder, sources, runs, with_plots=not no_plots)
-            typer.echo(f"Results written to {folder}" if not quiet else str(folder))
+            _compare_runs(sources, out, no_plots, quiet, say)
             return
         axes = list(vary or [])
         if modes is not None or not (axes or variant):
@@ -145,8 +143,6 @@ def compare(sources: list[Path] = SOURCES_ARG,
         columns = variants(axes, variant or [])
     except CompareInputError as exc:
         raise BadInput(str(exc)) from None
-    bench = bench_overrides(request_rate, burstiness, num_prompts, max_concurrency, percentile_metrics,
-                            metric_percentiles, goodput)
     scenario_file = sources[0]
     base = overrides([*(sets or []), *bench], seed=seed)
     scenarios = {label: load_scenario(scenario_file, [*base, *extra]) for label, extra in columns.items()}
@@ -154,12 +150,25 @@ def compare(sources: list[Path] = SOURCES_ARG,
     folder = out or results.default_folder(first.name, prefix="compare-")
     results.check_target(folder)
     # Variants that leave the workload section alone share one draw of it (common random numbers).
-    workload = generate(first) if shares_workload(list(columns.values())) else None
-    say(report.stability_block(expected_stability(first, workload if workload is not None else generate(first))))
-    runs = {label: _simulate(sc, label, len(workload) if workload is not None else 0, quiet, workload)
-            for label, sc in scenarios.items()}
+    shared = generate(first) if shares_workload(list(columns.values())) else None
+    say(report.stability_block(expected_stability(first, shared if shared is not None else generate(first))))
+    total = len(shared) if shared is not None else first.workload.num_requests or 0
+    runs = {label: _simulate(sc, label, total, quiet, shared) for label, sc in scenarios.items()}
     say(report.compare_table(runs))
     for label, r in runs.items():
         say(f"{label}: {report.littles_law_line(r.summary)}")
     results.write_compare(folder, scenario_file, runs, with_plots=not no_plots)
+    typer.echo(f"Results written to {folder}" if not quiet else str(folder))
+
+
+def _compare_runs(sources: list[Path], out: Path | None, no_plots: bool, quiet: bool, say) -> None:
+    """``compare`` of existing runs: result folders and vLLM result files, read, tabled, plotted."""
+    if len(sources) < 2 or any(p.suffix in (".yaml", ".yml") for p in sources):
+        raise BadInput(f"compare {' '.join(map(str, sources))}: give one scenario file, or two or more "
+                       "result folders and vllm bench serve --save-result JSON files")
+    runs = load_sources(sources)
+    folder = out or results.default_folder("compare")
+    results.check_target(folder)
+    say(report.compare_table(runs))
+    write_sources(folder, sources, runs, with_plots=not no_plots)
     typer.echo(f"Results written to {folder}" if not quiet else str(folder))
