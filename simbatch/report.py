@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from simbatch.config import Device
+from simbatch.config import LATENCY_METRICS, Device
 from simbatch.cost import Stability, batch_for_fraction, decode_throughput, roofline_tokens_per_s, step_time_s
 from simbatch.metrics.stats import describe_ms, percentile_word
 
@@ -48,7 +48,7 @@ _LATENCY_BLOCKS = (("ttft", "TTFT", "Time to First Token"),
                    ("e2el", "E2EL", "End-to-end Latency"))
 
 
-def result_table(summary: Mapping, percentile_metrics: Sequence[str] = ("ttft", "tpot", "itl", "e2el"),
+def result_table(summary: Mapping, percentile_metrics: Sequence[str] = LATENCY_METRICS,
                  metric_percentiles: Sequence[float] = (99,)) -> str:
     """The ``vllm bench serve`` result block, plus the simulator's queueing figures.
 

@@ -11,8 +11,10 @@ Only parameters are shipped here, never the data:
 - ``sharegpt``: the means of the ShareGPT lengths used to evaluate vLLM (Kwon et al., "Efficient
   Memory Management for Large Language Model Serving with PagedAttention", SOSP 2023, Fig. 11:
   inputs 161.31, outputs 337.99 tokens on average). The paper gives no spread as a number;
-  ``sigma = 1.0`` is an assumption (a right-skewed shape like the Azure fits'), and the caps are
-  those of vLLM's ShareGPT sampling (prompts up to 1,024 tokens, prompt + output up to 2,048).
+  ``sigma = 1.0`` is an assumption (a right-skewed shape like the Azure fits'). Prompts and outputs
+  are capped at 1,024 tokens each, so that a pair never exceeds the 2,048 tokens vLLM's ShareGPT
+  sampling keeps (it drops prompts over 1,024 and pairs over 2,048; prompts and outputs are drawn
+  independently here, so the cap is on each).
 """
 
 from __future__ import annotations
