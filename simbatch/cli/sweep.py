@@ -38,7 +38,8 @@ AddressOpt = Annotated[str | None, typer.Option(
     help="Run on this Dask distributed cluster instead of local processes (see docs/distributed.md).")]
 OutOpt = Annotated[Path | None, typer.Option(
     "--out", "-o", metavar="DIR",
-    help="Output folder (default: results/<scenario name>/sweep, or /capacity); rerunning into it resumes.")]
+    help="Output folder (default: results/<scenario name>/sweep, or /capacity-<SLOs>-<hash of the arguments>); "
+         "rerunning the same command into it resumes.")]
 
 
 def _reports_bad_input(command: Callable) -> Callable:
