@@ -154,10 +154,15 @@ MAIN_METRICS = (("req/s", "request_throughput"), ("goodput req/s", "request_good
                 ("p99 TTFT ms", "p99_ttft_ms"), ("mean TPOT ms", "mean_tpot_ms"), ("p99 E2EL ms", "p99_e2el_ms"))
 
 
+def _number(value: float) -> str:
+    """Four significant digits, but whole thousands with separators (12,340 rather than 1.234e+04)."""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+
 def _mean_ci(mean: float, ci: float) -> str:
     if math.isnan(mean):
         return "-"
-    return _cell(float(mean)) if math.isnan(ci) else f"{_cell(float(mean))} ± {_cell(float(ci))}"
+    return _number(mean) if math.isnan(ci) else f"{_number(mean)} ± {_number(ci)}"
 
 
 def _print_table(frame, keys: list[str], title: str) -> None:
