@@ -7,9 +7,9 @@ until a request arrives or a batching timer falls due.
 A lone replica that nobody observes (no router, no delayed snapshots, no client waiting on its
 completions) may *run ahead*: a step that ends before the next arrival and before
 ``sim.max_time_s`` cannot be affected by anything outside the replica, so it is applied at once,
-on the replica's own clock, without a SimPy event. The replica yields only for the step during which the next request arrives (or the clock stops), so
-SimPy still orders every interaction, and the model's state at every arrival is what stepping
-one event at a time gives.
+on the replica's own clock, without a SimPy event. The replica yields only for the step during
+which the next request arrives (or the clock stops), so SimPy still orders every interaction, and
+the model's state at every arrival is what stepping one event at a time gives.
 """
 
 from __future__ import annotations
