@@ -4,12 +4,12 @@ The engine loop asks its scheduler for a plan, holds the GPU for the plan's step
 ``timeout`` per step), applies the step, and repeats. With nothing to do it sleeps, without ticking,
 until a request arrives or a batching timer falls due.
 
-A lone replica that nobody observes (no router, no delayed snapshots, no client waiting on its
-completions) may *run ahead*: a step that ends before the next arrival and before
-``sim.max_time_s`` cannot be affected by anything outside the replica, so it is applied at once,
-on the replica's own clock, without a SimPy event. The replica yields only for the step during
-which the next request arrives (or the clock stops), so SimPy still orders every interaction, and
-the model's state at every arrival is what stepping one event at a time gives.
+A lone replica that nobody observes (no router, no delayed snapshots) may *run ahead*: a step that
+ends before the next arrival and before ``sim.max_time_s`` cannot be affected by anything outside
+the replica, so it is applied at once, on the replica's own clock, without a SimPy event. The
+replica yields only for the step during which the next request arrives (or the clock stops), so
+SimPy still orders every interaction, and the model's state at every arrival is what stepping
+one event at a time gives.
 """
 
 from __future__ import annotations
@@ -291,7 +291,8 @@ class Engine:
             for replica in self.replicas:
                 replica.on_finish = self.client.done
         # A lone replica is told when each request will arrive (see _arrivals), and unless
-        # snapshots read its state in between, it may run ahead up to there.
+        # snapshots read its state in between, it may run ahead up to there; not with a client,
+        # whose next send may wait on any of its completions.
         self.replicas[0].run_ahead = len(self.replicas) == 1 and self._views is None and self.client is None
         self.env.process(self._arrivals())
 
