@@ -6,8 +6,8 @@
 - ``--variant "KEY=V;KEY=V"``: one column per group of overrides, as many as given;
 - neither: one column per batching mode (``--modes``).
 
-Every variant keeps the scenario's seed, so every column sees the same requests (common random
-numbers). When no variant touches ``workload`` or ``seed`` the requests are drawn once and handed
+Every variant keeps the scenario's seed (unless it sets ``seed`` itself), so every column sees
+the same requests (common random numbers). When no variant touches ``workload`` or ``seed`` the requests are drawn once and handed
 to every run; otherwise each variant draws its own from the same seeded streams.
 
 **Sources** are result folders (``simbatch run`` or a subfolder of ``compare``) or the JSON file
