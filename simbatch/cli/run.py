@@ -33,7 +33,7 @@ SET_OPT = typer.Option(None, "--set", metavar="KEY=VALUE",
                        help="Override one scenario value, e.g. --set workload.arrival.rate=4 (repeatable).")
 SEED_OPT = typer.Option(None, "--seed", metavar="N", help="Root seed (sets `seed`).")
 OUT_OPT = typer.Option(None, "--out", metavar="DIR",
-                       help="Result folder (must not exist or be empty) [default: results/<name>/<time>].")
+                       help="Result folder (must not exist or be empty); default: results/<name>/<time>.")
 QUIET_OPT = typer.Option(False, "--quiet", "-q", help="Print only the result folder's path; no progress bar.")
 
 
@@ -111,8 +111,8 @@ VARIANT_OPT = typer.Option(None, "--variant", metavar="KEY=V;KEY=V",
 @reports_bad_input
 def compare(sources: list[Path] = SOURCES_ARG,
             modes: str = typer.Option(None, "--modes", metavar="M1,M2,...", show_default=False,
-                                      help="Batching modes to compare, comma-separated [default: all three, "
-                                           "unless --vary or --variant is given]."),
+                                      help="Batching modes to compare, comma-separated (default: all three, "
+                                           "unless --vary or --variant is given)."),
             vary: list[str] = VARY_OPT, variant: list[str] = VARIANT_OPT,
             sets: list[str] = SET_OPT, seed: str = SEED_OPT, out: Path = OUT_OPT,
             quiet: bool = QUIET_OPT, no_plots: bool = NO_PLOTS_OPT, request_rate: RequestRateOpt = None,
