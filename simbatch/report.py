@@ -193,6 +193,8 @@ _COMPARE_ROWS = (
     ("P99 ITL (ms)", "p99_itl_ms", 2),
     ("Mean E2EL (ms)", "mean_e2el_ms", 1),
     ("P99 E2EL (ms)", "p99_e2el_ms", 1),
+    ("Mean client wait (ms)", "mean_client_wait_ms", 1),
+    ("P99 client wait (ms)", "p99_client_wait_ms", 1),
     ("Mean batch size (seqs/step)", "mean_batch_size", 1),
     ("Padded tokens share (%)", lambda r: math.nan if r.iterations is None else 100 * padded_share(r.iterations), 1),
     ("Mean queue time Wq (s)", "Wq_s", 2),

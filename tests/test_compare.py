@@ -145,3 +145,11 @@ def test_per_tenant_and_per_replica_rows_are_kept(tmp_path):
     record = simulate_run(load_scenario(SCENARIOS / "priority_tiers.yaml",
                                         ["workload.duration_s=10", "cluster.replicas=2"]))
     assert {"tenant_interactive_p99_ttft_ms", "tenant_batch_mean_e2el_ms", "replica_0_L"} <= set(record["summary"])
+
+
+def test_client_wait_has_its_rows(tmp_path):
+    result = invoke("compare", SCENARIOS / "stable.yaml", "--vary", "workload.max_concurrency=4,16", "--set",
+                    "workload.duration_s=20", "--no-plots", "--out", tmp_path / "c")
+    assert result.exit_code == 0, result.stderr
+    few, many = (float(v.replace(",", "")) for v in row(result.stdout, "Mean client wait (ms)"))
+    assert few > many >= 0  # four slots hold more back than sixteen
