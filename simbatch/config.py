@@ -118,7 +118,7 @@ DATASET_SHAPES = ("sharegpt", "azure-conv", "azure-code")
 
 
 class DatasetShape(_Model):
-    """Lengths shaped like a public dataset: a lognormal fitted to its prompt or output lengths.
+    """``dist: sharegpt``, ``azure-conv`` or ``azure-code``: a lognormal fitted to that dataset's lengths.
 
     The field decides which: under ``prompt_tokens`` the prompt fit, under ``output_tokens`` the
     output fit. The parameters (no data) are in :mod:`simbatch.workload.shapes`, with their sources.
@@ -211,7 +211,8 @@ class Workload(_Model):
         "sent when one completes or is rejected; its TTFT and E2EL count from the send."
     )
     closed_loop: ClosedLoop | None = Field(
-        default=None, description="Closed-loop users instead of an arrival process (num_requests is the total)."
+        default=None, description="Closed-loop users instead of an arrival process (set arrival to null): "
+        "num_requests is the total they send, duration_s (if set) stops them sending."
     )
 
     @model_validator(mode="after")
