@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
@@ -114,9 +114,6 @@ class Random(_Model):
                                "(vLLM's --random-range-ratio), in [0, 1).")
 
 
-DATASET_SHAPES = ("sharegpt", "azure-conv", "azure-code")
-
-
 class DatasetShape(_Model):
     """``dist: sharegpt``, ``azure-conv`` or ``azure-code``: a lognormal fitted to that dataset's lengths.
 
@@ -126,6 +123,8 @@ class DatasetShape(_Model):
 
     dist: Literal["sharegpt", "azure-conv", "azure-code"]
 
+
+DATASET_SHAPES: tuple[str, ...] = get_args(DatasetShape.model_fields["dist"].annotation)
 
 LengthDist = Annotated[
     Fixed | Uniform | Choice | Exponential | LogNormal | Zipf | Empirical | Random | DatasetShape,
