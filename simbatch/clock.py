@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import simpy
+from simpy.core import URGENT
 
 NS_PER_S = 1_000_000_000
 
@@ -43,3 +45,13 @@ def snap_s(seconds: np.ndarray) -> np.ndarray:
 def step_ns(duration_ms: float) -> int:
     """A step's duration on the grid: the nearest nanosecond, and at least one."""
     return max(1, int(duration_ms * 1_000_000 + 0.5))  # durations are >= 0: int(x + 0.5) rounds
+
+
+class Urgent(simpy.Event):
+    """A timeout that fires before every normal event of its instant (as SimPy's own stop does): how
+    arrivals, snapshots and client sends come before the engines at a tie."""
+
+    def __init__(self, env: simpy.Environment, delay_ns: int):
+        super().__init__(env)
+        self._ok, self._value = True, None
+        env.schedule(self, URGENT, delay_ns)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
@@ -101,8 +101,33 @@ class Empirical(_Model):
     column: str = Field(description="Column holding positive integer lengths.")
 
 
+class Random(_Model):
+    """``vllm bench serve --dataset-name random``: integers uniform on [floor(len (1 - r)), ceil(len (1 + r))].
+
+    ``len`` is ``--random-input-len`` (or ``--random-output-len``), ``range_ratio`` is
+    ``--random-range-ratio``; 0 makes every request exactly ``len`` tokens.
+    """
+
+    dist: Literal["random"]
+    len: PosInt = Field(description="Centre of the range, tokens (vLLM's --random-input-len / --random-output-len).")
+    range_ratio: float = Field(default=0.0, ge=0, lt=1, description="Half-width of the range as a fraction of len "
+                               "(vLLM's --random-range-ratio), in [0, 1).")
+
+
+class DatasetShape(_Model):
+    """``dist: sharegpt``, ``azure-conv`` or ``azure-code``: a lognormal fitted to that dataset's lengths.
+
+    The field decides which: under ``prompt_tokens`` the prompt fit, under ``output_tokens`` the
+    output fit. The parameters (no data) are in :mod:`simbatch.workload.shapes`, with their sources.
+    """
+
+    dist: Literal["sharegpt", "azure-conv", "azure-code"]
+
+
+DATASET_SHAPES: tuple[str, ...] = get_args(DatasetShape.model_fields["dist"].annotation)
+
 LengthDist = Annotated[
-    Fixed | Uniform | Choice | Exponential | LogNormal | Zipf | Empirical,
+    Fixed | Uniform | Choice | Exponential | LogNormal | Zipf | Empirical | Random | DatasetShape,
     Field(discriminator="dist"),
 ]
 
@@ -157,6 +182,18 @@ class Trace(_Model):
     )
 
 
+class ClosedLoop(_Model):
+    """A closed-loop client: ``concurrency`` users, each sending its next request when its previous one ends.
+
+    As GenAI-Perf's ``--concurrency`` and GuideLLM's concurrent profile: the load is set by the
+    number of users, not by a rate, so requests have no intended arrival times (no client wait).
+    """
+
+    concurrency: PosInt = Field(description="Users, each with at most one request in flight.")
+    think_time_s: NonNegFloat = Field(
+        default=0.0, description="A user's pause between a response ending and its next request, s.")
+
+
 class Workload(_Model):
     """The traffic: arrivals and lengths, or a trace. Drawn from seeded streams independent of the mode."""
 
@@ -164,7 +201,8 @@ class Workload(_Model):
         default=None, description="Stop after this many arrivals (a trace: replay its first N rows)."
     )
     duration_s: PosFloat | None = Field(default=None, description="Stop arrivals after this much time, s.")
-    arrival: Arrival = Field(default_factory=Arrival)
+    arrival: Arrival | None = Field(default_factory=Arrival,
+                                    description="When requests arrive; null with closed_loop, whose users send instead.")
     prompt_tokens: LengthDist = Field(default_factory=lambda: Fixed(value=128),
                                       description="Prompt lengths: the prefill work and the KV held on admission.")
     output_tokens: LengthDist = Field(default_factory=lambda: Fixed(value=128),
@@ -176,6 +214,15 @@ class Workload(_Model):
     num_sessions: PosInt | None = Field(
         default=None, description="Draw each request's session id uniformly from this many sessions "
         "(for `cluster.router: session_affinity`); every request is its own session when omitted."
+    )
+    max_concurrency: PosInt | None = Field(
+        default=None, description="Client-side cap on requests in flight (vLLM's --max-concurrency): a "
+        "request whose arrival finds this many in flight waits at the client (`client_wait_s`) and is "
+        "sent when one completes or is rejected; its TTFT and E2EL count from the send."
+    )
+    closed_loop: ClosedLoop | None = Field(
+        default=None, description="Closed-loop users instead of an arrival process (set arrival to null): "
+        "num_requests is the total they send, duration_s (if set) stops them sending."
     )
 
     @model_validator(mode="after")
@@ -192,8 +239,19 @@ class Workload(_Model):
                                  "remove classes or remove tenant_column")
         if self.trace is None and self.num_requests is None and self.duration_s is None:
             raise ValueError("set num_requests or duration_s, or the workload never ends")
-        if self.trace is None and math.isinf(self.arrival.rate) and self.num_requests is None:
+        if self.arrival is None and self.closed_loop is None:
+            raise ValueError("arrival is null, so nobody sends requests; give an arrival process or closed_loop users")
+        if self.trace is None and self.arrival is not None and math.isinf(self.arrival.rate) and \
+                self.num_requests is None:
             raise ValueError("rate: inf sends everything at t=0, so num_requests must be set")
+        if self.closed_loop is not None:
+            clash = [k for k in ("trace", "max_concurrency") if k in self.model_fields_set]
+            clash += ["arrival"] if "arrival" in self.model_fields_set and self.arrival is not None else []
+            if clash:
+                raise ValueError(f"closed_loop with {', '.join(clash)}: closed-loop users send when their previous "
+                                 "request ends, so there are no arrival times; remove it (set arrival to null)")
+            if self.num_requests is None:
+                raise ValueError("closed_loop needs num_requests: the users send that many requests in all")
         return self
 
 
@@ -377,6 +435,24 @@ class SLO(_Model):
     e2el_ms: PosFloat | None = Field(default=None, description="End-to-end latency at most this, ms.")
 
 
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+class Metrics(_Model):
+    """Which latency percentiles the summary adds, as ``vllm bench serve --percentile-metrics/--metric-percentiles``.
+
+    The summary always holds mean, median, std, p90 and p99 of every latency; these add
+    ``p<P>_<metric>_ms`` (vLLM's spelling: ``p95_ttft_ms``, ``p99.9_itl_ms``) and choose what the table shows.
+    """
+
+    percentile_metrics: list[Literal["ttft", "tpot", "itl", "e2el"]] = Field(
+        default_factory=lambda: list(LATENCY_METRICS), min_length=1,
+        description="Latencies printed in the result table and given the extra percentiles.")
+    metric_percentiles: list[Annotated[float, Field(gt=0, lt=100)]] = Field(
+        default_factory=lambda: [99.0], min_length=1,
+        description="Percentiles (0 < P < 100) printed per latency, and added to the summary as p<P>_<metric>_ms.")
+
+
 class Sim(_Model):
     """Simulation controls."""
 
@@ -403,10 +479,21 @@ class Scenario(_Model):
     scheduler: Scheduler = Field(default_factory=Scheduler)
     cluster: Cluster = Field(default_factory=Cluster)
     slo: SLO = Field(default_factory=SLO)
+    metrics: Metrics = Field(default_factory=Metrics)
     sim: Sim = Field(default_factory=Sim)
 
     # Where relative paths (traces, empirical lengths) are resolved; set by the loader, not the YAML.
     _base_dir: Path | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _client_and_delay(self) -> Scenario:
+        wl = self.workload
+        if self.cluster.signal_delay_ms > 0 and (wl.max_concurrency is not None or wl.closed_loop is not None):
+            which = "max_concurrency" if wl.max_concurrency is not None else "closed_loop"
+            raise ValueError(f"cluster.signal_delay_ms ({self.cluster.signal_delay_ms:g}) with workload.{which}: "
+                             "delayed snapshots need arrival times known in advance, and a client sends when "
+                             "requests complete; set signal_delay_ms to 0 or remove the client")
+        return self
 
     def resolve(self, path: Path) -> Path:
         """A data path as the scenario means it: relative to the scenario file's folder."""

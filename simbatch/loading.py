@@ -126,7 +126,8 @@ def _clean_loc(loc: tuple, data: Any) -> str:
             # A key that is missing (required field) or a union tag: keep real keys only.
             if isinstance(node, dict) and not isinstance(p, int) and p not in ("fixed", "uniform", "choice",
                                                                             "exponential", "lognormal",
-                                                                            "zipf", "empirical"):
+                                                                            "zipf", "empirical", "random",
+                                                                            "sharegpt", "azure-conv", "azure-code"):
                 parts.append(str(p))
             node = None
         else:

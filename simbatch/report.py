@@ -10,14 +10,15 @@ aggregates defined below (padded share and per-tenant latency).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
-from simbatch.config import Device
+from simbatch.config import LATENCY_METRICS, Device
 from simbatch.cost import Stability, batch_for_fraction, decode_throughput, roofline_tokens_per_s, step_time_s
-from simbatch.metrics.stats import describe_ms
+from simbatch.metrics.stats import describe_ms, percentile_word
 
 WIDTH = 50
 _LABEL = 40
@@ -47,8 +48,13 @@ _LATENCY_BLOCKS = (("ttft", "TTFT", "Time to First Token"),
                    ("e2el", "E2EL", "End-to-end Latency"))
 
 
-def result_table(summary: Mapping) -> str:
-    """The ``vllm bench serve`` result block, plus the simulator's queueing figures."""
+def result_table(summary: Mapping, percentile_metrics: Sequence[str] = LATENCY_METRICS,
+                 metric_percentiles: Sequence[float] = (99,)) -> str:
+    """The ``vllm bench serve`` result block, plus the simulator's queueing figures.
+
+    As vLLM's, a block per latency of ``percentile_metrics`` with its mean, median and each of
+    ``metric_percentiles`` (the scenario's ``metrics`` section).
+    """
     lines = [_title("Serving Benchmark Result", "="),
              _row("Successful requests:", summary["completed"]),
              _row("Rejected requests:", summary["rejected"])]
@@ -62,10 +68,17 @@ def result_table(summary: Mapping) -> str:
               _row("Total Token throughput (tok/s):", summary["total_token_throughput"])]
     if "request_goodput" in summary:
         lines.append(_row("Request goodput (req/s):", summary["request_goodput"]))
+    stats = [("Mean", "mean"), ("Median", "median"),
+             *((percentile_word(p).upper(), percentile_word(p)) for p in metric_percentiles)]
     for key, short, title in _LATENCY_BLOCKS:
+        if key not in percentile_metrics:
+            continue
         lines.append(_title(title))
-        lines += [_row(f"{stat} {short} (ms):", summary[f"{prefix}_{key}_ms"])
-                  for stat, prefix in (("Mean", "mean"), ("Median", "median"), ("P99", "p99"))]
+        lines += [_row(f"{stat} {short} (ms):", summary[f"{prefix}_{key}_ms"]) for stat, prefix in stats]
+    if "mean_client_wait_ms" in summary:
+        lines += [_title("Client (max_concurrency)"),
+                  _row("Mean client wait (ms):", summary["mean_client_wait_ms"]),
+                  _row("P99 client wait (ms):", summary["p99_client_wait_ms"])]
     lines += [_title("Engine"),
               _row("Mean batch size (seqs/step):", summary["mean_batch_size"]),
               _row("Mean KV cache usage (%):", 100 * summary["mean_kv_usage"], 1),
@@ -105,6 +118,19 @@ def stability_block(st: Stability) -> str:
                      "they wait, so W (and L) exceed the unloaded figures.")
     lines.append("=" * WIDTH)
     return "\n".join(lines)
+
+
+def client_note(workload) -> str:
+    """What a client (``workload.max_concurrency`` or ``closed_loop``) changes in the check above; "" without one."""
+    if workload.closed_loop is not None:
+        users = workload.closed_loop
+        return (f"Closed loop: {users.concurrency} users, think time {users.think_time_s:g} s; the rate above is what "
+                "they send at the unloaded latency. They never hold more than that many requests in the server, so "
+                "no queue grows without bound: past capacity, latency rises until the users slow down.")
+    if workload.max_concurrency is not None:
+        return (f"Client: at most {workload.max_concurrency} requests in flight (max_concurrency). Requests beyond "
+                "wait at the client, reported as client wait; past capacity that wait grows, not the server's queue.")
+    return ""
 
 
 def littles_law_line(summary: Mapping) -> str:
@@ -167,23 +193,51 @@ _COMPARE_ROWS = (
     ("P99 ITL (ms)", "p99_itl_ms", 2),
     ("Mean E2EL (ms)", "mean_e2el_ms", 1),
     ("P99 E2EL (ms)", "p99_e2el_ms", 1),
+    ("Mean client wait (ms)", "mean_client_wait_ms", 1),
+    ("P99 client wait (ms)", "p99_client_wait_ms", 1),
     ("Mean batch size (seqs/step)", "mean_batch_size", 1),
-    ("Padded tokens share (%)", lambda r: 100 * padded_share(r.iterations), 1),
+    ("Padded tokens share (%)", lambda r: math.nan if r.iterations is None else 100 * padded_share(r.iterations), 1),
     ("Mean queue time Wq (s)", "Wq_s", 2),
     ("Preemptions", "num_preemptions", 0),
 )
 
 
+MAX_REPLICA_ROWS = 16  # beyond this many replicas, per-replica rows stay in summary.json
+_TENANT_STATS = {"request_throughput": ("req/s", 2), "mean_ttft_ms": ("mean TTFT (ms)", 1),
+                 "p99_ttft_ms": ("P99 TTFT (ms)", 1), "mean_e2el_ms": ("mean E2EL (ms)", 1)}
+_TENANT_KEY = re.compile(rf"tenant_(.+)_({'|'.join(_TENANT_STATS)})")
+
+
+def _keyed_rows(summaries: list[Mapping]) -> list[tuple[str, str, int]]:
+    """Rows for the per-tenant and per-replica keys any column has (see :mod:`simbatch.metrics.summary`)."""
+    keys = list(dict.fromkeys(k for s in summaries for k in s))
+    rows = []
+    for key in keys:
+        if m := _TENANT_KEY.fullmatch(key):
+            what, digits = _TENANT_STATS[m[2]]
+            rows.append((f"{m[1]}: {what}", key, digits))
+    replicas = sorted({int(m[1]) for k in keys if (m := re.fullmatch(r"replica_(\d+)_L", k))})
+    if len(replicas) <= MAX_REPLICA_ROWS:
+        rows += [(f"replica {r}: {what}", f"replica_{r}_{key}", d) for r in replicas
+                 for what, key, d in (("output (tok/s)", "output_throughput", 1), ("L", "L", 2))]
+    return rows
+
+
 def compare_table(results: Mapping) -> str:
-    """One column per mode (``results``: mode -> Result) over the metrics that tell modes apart."""
+    """One column per run (``results``: label -> anything with ``summary`` and ``iterations``, which may be None).
+
+    The metrics that tell runs apart, then the per-tenant and per-replica ones (replicas only up to
+    ``MAX_REPLICA_ROWS``). A row that no column has is left out; a value a column lacks is n/a.
+    """
     width = max(14, *(len(m) + 2 for m in results))
+    summaries = [r.summary for r in results.values()]
     lines = [f"{'':<34}" + "".join(f"{mode:>{width}}" for mode in results),
              "-" * (34 + width * len(results))]
-    for label, key, digits in _COMPARE_ROWS:
-        if isinstance(key, str) and key not in next(iter(results.values())).summary:
+    for label, key, digits in (*_COMPARE_ROWS, *_keyed_rows(summaries)):
+        if isinstance(key, str) and not any(key in s for s in summaries):
             continue
-        values = [key(r) if callable(key) else r.summary[key] for r in results.values()]
-        lines.append(f"{label:<34}" + "".join(f"{_fmt(v, digits):>{width}}" for v in values))
+        values = [key(r) if callable(key) else r.summary.get(key) for r in results.values()]
+        lines.append(f"{label[:33]:<34}" + "".join(f"{_fmt(v, digits):>{width}}" for v in values))
     return "\n".join(lines)
 
 

@@ -137,17 +137,18 @@ def _write_run_files(folder: Path, result: Result) -> None:
     write_frames(folder, {"requests": result.requests, "iterations": result.iterations})
 
 
-def write_run(folder: Path, scenario_file: Path, result: Result) -> Path:
-    """Write one run's result folder at ``folder`` (atomically); returns it."""
+def write_run(folder: Path, scenario_file: Path, result: Result, with_plots: bool = True) -> Path:
+    """Write one run's result folder at ``folder`` (atomically), with plots unless ``with_plots`` is False."""
     with atomic_folder(folder) as tmp:
         shutil.copyfile(scenario_file, tmp / "scenario.yaml")
         _write_run_files(tmp, result)
-        (tmp / "plots").mkdir()
-        plots.save_run_plots(tmp / "plots", result)
+        if with_plots:
+            (tmp / "plots").mkdir()
+            plots.save_run_plots(tmp / "plots", result)
     return folder
 
 
-def write_compare(folder: Path, scenario_file: Path, results: Mapping[str, Result]) -> Path:
+def write_compare(folder: Path, scenario_file: Path, results: Mapping[str, Result], with_plots: bool = True) -> Path:
     """Write a comparison's folder at ``folder`` (atomically): a subfolder per mode, overlay plots."""
     with atomic_folder(folder) as tmp:
         shutil.copyfile(scenario_file, tmp / "scenario.yaml")
@@ -155,6 +156,7 @@ def write_compare(folder: Path, scenario_file: Path, results: Mapping[str, Resul
         for mode, result in results.items():
             (tmp / mode).mkdir()
             _write_run_files(tmp / mode, result)
-        (tmp / "plots").mkdir()
-        plots.save_compare_plots(tmp / "plots", results)
+        if with_plots:
+            (tmp / "plots").mkdir()
+            plots.save_compare_plots(tmp / "plots", results)
     return folder

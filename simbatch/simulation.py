@@ -32,24 +32,37 @@ class Result:
 
 
 def expected_stability(scenario: Scenario, workload: WorkloadArrays) -> Stability:
-    """The stability check for this scenario's traffic, from the workload's own means."""
+    """The stability check for this scenario's traffic, from the workload's own means.
+
+    Closed-loop users have no arrival rate; the rate checked is the one they would send at the
+    unloaded latency W0: concurrency / (W0 + think time), the most they can ask of the server.
+    """
     duration = float(workload.arrival_s[-1]) if len(workload) else 0.0
-    rate = scenario.workload.arrival.rate
+    rate = scenario.workload.arrival.rate if scenario.workload.arrival is not None else float("inf")
     if scenario.workload.trace is not None or rate == float("inf"):
         rate = len(workload) / duration if duration > 0 else float("inf")
-    return fleet_stability([(s.device, s.batching.max_num_seqs) for s in replica_scenarios(scenario)], rate,
-                           float(workload.output_tokens.mean()) if len(workload) else 0.0,
-                           float(workload.prompt_tokens.mean()) if len(workload) else 0.0)
+    fleet = [(s.device, s.batching.max_num_seqs) for s in replica_scenarios(scenario)]
+    means = (float(workload.output_tokens.mean()) if len(workload) else 0.0,
+             float(workload.prompt_tokens.mean()) if len(workload) else 0.0)
+    users = scenario.workload.closed_loop
+    if users is not None:
+        unloaded_s = fleet_stability(fleet, 1.0, *means).unloaded_latency_s
+        rate = users.concurrency / (unloaded_s + users.think_time_s)
+    return fleet_stability(fleet, rate, *means)
 
 
 def simulate(scenario: Scenario, *, check_invariants: bool = False,
-             on_progress: Callable[[float, int], None] | None = None) -> Result:
+             on_progress: Callable[[float, int], None] | None = None,
+             workload: WorkloadArrays | None = None) -> Result:
     """Run ``scenario`` to the end and collect its frames and summary.
 
     ``check_invariants`` re-checks pools and block conservation at every step (slow; for tests).
     ``on_progress(sim_time_s, requests_arrived)`` is called now and then, for progress bars.
+    ``workload``: the requests, when already drawn from this scenario's workload section (a comparison
+    of variants that leave it alone draws it once); drawn here otherwise.
     """
-    workload = generate(scenario)
+    if workload is None:
+        workload = generate(scenario)
     engine = Engine(scenario, workload, check_invariants=check_invariants, on_progress=on_progress)
     end_s = engine.run()
     requests = requests_frame(workload, engine.recorder)

@@ -73,7 +73,7 @@ def test_both_spellings_name_a_real_summary_key(chapter):
 
 
 @pytest.mark.parametrize(("text", "says"), [
-    ("ttft_p95_ms=500", "unknown SLO"), ("goodput=3", "unknown SLO"), ("ttft_p99_ms=0", "positive"),
+    ("ttft_p100_ms=500", "unknown SLO"), ("ttft_p0_ms=5", "not between 0 and 100"), ("goodput=3", "unknown SLO"), ("ttft_p99_ms=0", "positive"),
     ("ttft_p99_ms=fast", "positive"), ("ttft_p99_ms", "positive"), ("ttft_p99_ms=inf", "positive"),
 ])
 def test_bad_slos_are_refused_with_the_fix(text, says):
@@ -144,7 +144,7 @@ def test_each_configuration_gets_its_own_capacity_and_rate(cli, chapter, tmp_pat
     ([], "--slo: give at least one"),
     (["--slo", "ttft_p99_ms=500", "--param", "workload.arrival.rate=1,2"], "searches the rate itself"),
     (["--slo", "ttft_p99_ms=500", "--tolerance", "1.5"], "--tolerance 1.5"),
-    (["--slo", "ttft_p95_ms=500"], "unknown SLO"),
+    (["--slo", "ttft_p100_ms=500"], "unknown SLO"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(cli, chapter, tmp_path, args, says):
     result = CliRunner().invoke(cli, ["capacity-search", str(chapter), "--out", str(tmp_path / "never"),
@@ -152,3 +152,33 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(cli, chapter, tmp_path,
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
     assert says in result.output
     assert not (tmp_path / "never").exists()
+
+
+# --------------------------------------------------------------------------- issue 16: any percentile, output
+def test_any_percentile_is_an_slo_and_the_search_draws_and_explains_itself(cli, chapter, tmp_path):
+    assert parse_slo("p99.9_itl_ms=80") == parse_slo("itl_p99.9_ms=80") == SLO("itl", "p99.9", 80.0)
+    assert parse_slo("ttft_p95.0_ms=1").key == "p95_ttft_ms"
+    out = tmp_path / "p95"
+    result = CliRunner().invoke(cli, ["capacity-search", str(chapter), "--out", str(out), "--slo", "ttft_p95_ms=300",
+                                      "-r", "1", "--tolerance", "0.1", "-w", "1"])
+    assert result.exit_code == 0, result.output
+    assert "ratio = max_rate / capacity_requests_per_s" in result.output
+    row = pd.read_csv(out / "capacity.csv").iloc[0]
+    probes = pd.read_csv(out / "probes.csv")
+    assert 0 < row["p95_ttft_ms"] <= 300 and row["probes"] == len(probes)
+    # The probes trace the curve the search walked: met below max_rate, missed at the rates above it.
+    assert probes.loc[probes["met"], "rate"].max() == row["max_rate"]
+    assert (probes.loc[~probes["met"], "p95_ttft_ms"] > 300).all()
+    assert (out / "slo_vs_rate.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_default_folder_is_the_same_search_s_and_no_other_s(chapter):
+    from simbatch.sweep.capacity import CapacitySearch
+
+    def folder(*slos: str, params: list[str] | None = None) -> Path:
+        return CapacitySearch.plan(chapter, params or [], [], list(slos), 1, 0.02).out
+
+    assert folder("ttft_p99_ms=500") == folder("ttft_p99_ms=500")
+    assert folder("ttft_p99_ms=500").name.startswith("capacity-p99_ttft_ms-500-")
+    assert len({folder("ttft_p99_ms=500"), folder("ttft_p99_ms=400"), folder("ttft_p95_ms=500"),
+                folder("ttft_p99_ms=500", params=["batching.max_num_seqs=16,64"])}) == 4

@@ -119,16 +119,22 @@ def test_concepts_quotes_the_metric_definitions_verbatim():
 
 def test_concepts_names_every_summary_key():
     scenario = simbatch.Scenario.model_validate({
-        "workload": {"num_requests": 40, "arrival": {"rate": 20}},
+        "workload": {"num_requests": 40, "arrival": {"rate": 20}, "max_concurrency": 8,
+                     "classes": [{"name": "chat"}, {"name": "batch"}]},
         "cluster": {"replicas": 2},
         "slo": {"ttft_ms": 100, "tpot_ms": 50, "e2el_ms": 5000},
+        "metrics": {"metric_percentiles": [95, 99.9]},
     })
     keys = simbatch.simulate(scenario).summary
     text = CONCEPTS.read_text(encoding="utf-8")
 
     def named(key: str) -> bool:
         if stat := re.fullmatch(r"(?:mean|median|std|p90|p99)_(\w+)_ms", key):
-            return f"*_{stat.group(1)}_ms" in text
+            return f"*_{stat.group(1)}_ms" in text or f"{{mean,median,std,p90,p99}}_{stat.group(1)}_ms" in text
+        if re.fullmatch(r"p\d+(?:\.\d+)?_(ttft|tpot|itl|e2el)_ms", key):
+            return "p<P>_<metric>_ms" in text
+        if per_tenant := re.fullmatch(r"tenant_(?:chat|batch)_(\w+)", key):
+            return f"tenant_<name>_{per_tenant.group(1)}" in text
         if per_replica := re.fullmatch(r"replica_\d+_(\w+)", key):
             return f"replica_{{r}}_{per_replica.group(1)}" in text
         return f"`{key}`" in text

@@ -26,8 +26,10 @@ from typer.testing import CliRunner
 from simbatch.cli.sweep import _progress, register
 from simbatch.cost import decode_throughput
 from simbatch.loading import load_scenario, parse_override
+from simbatch.plots.figure import MODE_COLORS, colors
 from simbatch.simulation import simulate
 from simbatch.sweep import plan, runner
+from simbatch.sweep import plots as sweep_plots
 from simbatch.sweep.aggregate import mean_ci95
 from simbatch.sweep.grid import GridError, expand, format_value, parse_param, parse_params, parse_values
 from simbatch.sweep.store import MANIFEST, POINTS
@@ -358,3 +360,45 @@ def test_progress_advances_once_per_point_on_a_terminal(monkeypatch):
     monkeypatch.setattr(sys, "stderr", io.StringIO())  # not a terminal: no bar at all
     with _progress(3, "points") as advance:
         assert advance is None
+
+
+# --------------------------------------------------------------------------- issue 16: what a sweep shows
+def test_a_sweep_ends_with_a_table_of_means_and_95_ci(cli, scenario_file, tmp_path):
+    out = tmp_path / "sweep"
+    result = sweep(cli, scenario_file, out, "-p", "batching.mode=static,continuous", "-r", "3", "-w", "1",
+                   "--no-plots")
+    assert not list(out.glob("*.png"))
+    assert "mean ± 95 % CI half-width over 3 replications" in result.output
+    frame = pd.read_csv(out / "summary.csv")
+    rows = [[c.strip() for c in ln.split("│")[1:-1]] for ln in result.output.splitlines() if "±" in ln and "│" in ln]
+    header = next([c.strip() for c in ln.split("┃")[1:-1]] for ln in result.output.splitlines() if "┃" in ln)
+    assert [r[header.index("mode")] for r in rows] == ["static", "continuous"]
+    for i, row in enumerate(rows):
+        mean, ci = (float(v.replace(",", "")) for v in row[header.index("mean TTFT ms")].split(" ± "))
+        assert mean == pytest.approx(frame.loc[i, "mean_ttft_ms_mean"], rel=1e-3, abs=0.5)
+        assert ci == pytest.approx(frame.loc[i, "mean_ttft_ms_ci95"], rel=1e-3, abs=0.5)
+
+
+def test_modes_have_one_colour_everywhere():
+    assert colors(["static", "continuous"]) == {"static": MODE_COLORS["static"], "continuous": MODE_COLORS["continuous"]}
+    # as a sweep labels its series, as compare labels a product of settings
+    assert colors(["mode=continuous", "mode=static"]) == {"mode=continuous": MODE_COLORS["continuous"],
+                                                          "mode=static": MODE_COLORS["static"]}
+    assert colors(["policy=fcfs,mode=static", "policy=fcfs,mode=dynamic"])["policy=fcfs,mode=static"] == \
+        MODE_COLORS["static"]
+    # two series of one mode cannot share its colour: then a plain cycle, every series its own
+    shared = colors(["mode=static, policy=fcfs", "mode=static, policy=sjf"])
+    assert len(set(shared.values())) == 2
+    frame = pd.DataFrame({"batching.mode": ["continuous", "static"], "workload.arrival.rate": [1.0, 1.0]})
+    series = sweep_plots._series(frame, ["batching.mode", "workload.arrival.rate"], "workload.arrival.rate")
+    assert sweep_plots._colors(series) == [MODE_COLORS["continuous"], MODE_COLORS["static"]]
+
+
+def test_error_bars_say_they_are_95_ci(tmp_path):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    seen = []
+    fig.savefig = lambda path, **kw: seen.append([t.get_text() for t in fig.texts])
+    sweep_plots._finish(fig, ax, "x", Path(tmp_path / "f.png"))
+    assert seen == [[sweep_plots.CI_NOTE]] and "95 % confidence interval" in sweep_plots.CI_NOTE

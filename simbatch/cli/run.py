@@ -8,7 +8,18 @@ from typing import get_args
 import typer
 
 from simbatch import report, results
+from simbatch.cli.bench_flags import (
+    BurstinessOpt,
+    GoodputOpt,
+    MaxConcurrencyOpt,
+    MetricPercentilesOpt,
+    NumPromptsOpt,
+    PercentileMetricsOpt,
+    RequestRateOpt,
+    bench_overrides,
+)
 from simbatch.cli.common import BadInput, overrides, progress, reports_bad_input
+from simbatch.compare import CompareInputError, load_sources, shares_workload, variants, write_sources
 from simbatch.config import Batching, Scenario
 from simbatch.loading import load_scenario
 from simbatch.simulation import Result, expected_stability, simulate
@@ -22,34 +33,53 @@ SET_OPT = typer.Option(None, "--set", metavar="KEY=VALUE",
                        help="Override one scenario value, e.g. --set workload.arrival.rate=4 (repeatable).")
 SEED_OPT = typer.Option(None, "--seed", metavar="N", help="Root seed (sets `seed`).")
 OUT_OPT = typer.Option(None, "--out", metavar="DIR",
-                       help="Result folder (must not exist or be empty) [default: results/<name>/<time>].")
+                       help="Result folder (must not exist or be empty); default: results/<name>/<time>.")
 QUIET_OPT = typer.Option(False, "--quiet", "-q", help="Print only the result folder's path; no progress bar.")
 
 
-def _simulate(scenario: Scenario, label: str, total: int, quiet: bool) -> Result:
+NO_PLOTS_OPT = typer.Option(False, "--no-plots", help="Write no plots (batch use: faster, smaller folders).")
+
+
+def _simulate(scenario: Scenario, label: str, total: int, quiet: bool, workload=None) -> Result:
     with progress(label, total, quiet) as on_progress:
-        return simulate(scenario, on_progress=on_progress)
+        return simulate(scenario, on_progress=on_progress, workload=workload)
+
+
+def _table(scenario: Scenario, summary: dict) -> str:
+    return report.result_table(summary, scenario.metrics.percentile_metrics, scenario.metrics.metric_percentiles)
 
 
 @reports_bad_input
 def run(scenario_file: Path = SCENARIO_ARG,
         mode: str = typer.Option(None, "--mode", metavar="MODE",
                                  help="static, dynamic or continuous (sets batching.mode)."),
-        sets: list[str] = SET_OPT, seed: str = SEED_OPT, out: Path = OUT_OPT, quiet: bool = QUIET_OPT) -> None:
-    """Simulate a scenario: stability check, result table, Little's law, and a result folder."""
-    scenario = load_scenario(scenario_file, overrides(sets, **{"batching.mode": mode, "seed": seed}))
+        sets: list[str] = SET_OPT, seed: str = SEED_OPT, out: Path = OUT_OPT, quiet: bool = QUIET_OPT,
+        no_plots: bool = NO_PLOTS_OPT, request_rate: RequestRateOpt = None, burstiness: BurstinessOpt = None,
+        num_prompts: NumPromptsOpt = None, max_concurrency: MaxConcurrencyOpt = None,
+        percentile_metrics: PercentileMetricsOpt = None, metric_percentiles: MetricPercentilesOpt = None,
+        goodput: GoodputOpt = None) -> None:
+    """Simulate a scenario: stability check, result table, Little's law, and a result folder.
+
+    The flags named as in `vllm bench serve` (--request-rate, --burstiness, --num-prompts,
+    --max-concurrency, --percentile-metrics, --metric-percentiles, --goodput) set scenario keys.
+    """
+    bench = bench_overrides(request_rate, burstiness, num_prompts, max_concurrency, percentile_metrics,
+                            metric_percentiles, goodput)
+    scenario = load_scenario(scenario_file, overrides([*(sets or []), *bench], **{"batching.mode": mode, "seed": seed}))
     folder = out or results.default_folder(scenario.name)
     results.check_target(folder)
     workload = generate(scenario)
     say = (lambda text: None) if quiet else typer.echo
     say(report.stability_block(expected_stability(scenario, workload)))
-    result = _simulate(scenario, scenario.batching.mode, len(workload), quiet)
-    say(report.result_table(result.summary))
+    if note := report.client_note(scenario.workload):
+        say(note)
+    result = _simulate(scenario, scenario.batching.mode, len(workload), quiet, workload)
+    say(_table(scenario, result.summary))
     for extra in (report.rejections_line(result.requests), report.tenant_table(result.requests)):
         if extra:
             say(extra)
     say(report.littles_law_line(result.summary))
-    results.write_run(folder, scenario_file, result)
+    results.write_run(folder, scenario_file, result, with_plots=not no_plots)
     typer.echo(f"Results written to {folder}" if not quiet else str(folder))
 
 
@@ -65,26 +95,80 @@ def parse_modes(text: str) -> list[str]:
     return modes
 
 
+SOURCES_ARG = typer.Argument(..., metavar="SCENARIO.yaml | RUN...", show_default=False,
+                             help="One scenario file to run in variants, or two or more result folders "
+                                  "and vllm bench serve --save-result JSON files to set side by side.")
+
+
+VARY_OPT = typer.Option(None, "--vary", metavar="KEY=A,B,C",
+                        help="A column per value of a scenario key, e.g. --vary scheduler.policy=fcfs,sjf,priority; "
+                             "repeated: their product.")
+VARIANT_OPT = typer.Option(None, "--variant", metavar="KEY=V;KEY=V",
+                           help="A column with these overrides (repeatable), e.g. --variant "
+                                "'scheduler.policy=sjf;batching.max_num_seqs=32'.")
+
+
 @reports_bad_input
-def compare(scenario_file: Path = SCENARIO_ARG,
-            modes: str = typer.Option(",".join(MODES), "--modes", metavar="M1,M2,...",
-                                      help="Batching modes to compare, comma-separated."),
+def compare(sources: list[Path] = SOURCES_ARG,
+            modes: str = typer.Option(None, "--modes", metavar="M1,M2,...", show_default=False,
+                                      help="Batching modes to compare, comma-separated (default: all three, "
+                                           "unless --vary or --variant is given)."),
+            vary: list[str] = VARY_OPT, variant: list[str] = VARIANT_OPT,
             sets: list[str] = SET_OPT, seed: str = SEED_OPT, out: Path = OUT_OPT,
-            quiet: bool = QUIET_OPT) -> None:
-    """Run one scenario under several batching modes, on the very same requests, side by side."""
-    chosen = parse_modes(modes)
-    scenarios = {m: load_scenario(scenario_file, overrides(sets, **{"batching.mode": m, "seed": seed}))
-                 for m in chosen}
-    first = scenarios[chosen[0]]
+            quiet: bool = QUIET_OPT, no_plots: bool = NO_PLOTS_OPT, request_rate: RequestRateOpt = None,
+            burstiness: BurstinessOpt = None, num_prompts: NumPromptsOpt = None,
+            max_concurrency: MaxConcurrencyOpt = None, percentile_metrics: PercentileMetricsOpt = None,
+            metric_percentiles: MetricPercentilesOpt = None, goodput: GoodputOpt = None) -> None:
+    """Side by side: one scenario's variants on the very same requests, or existing runs.
+
+    simbatch compare chat.yaml --vary scheduler.policy=fcfs,sjf,priority;
+    simbatch compare results/a results/b vllm_result.json
+    """
+    say = (lambda text: None) if quiet else typer.echo
+    bench = bench_overrides(request_rate, burstiness, num_prompts, max_concurrency, percentile_metrics,
+                            metric_percentiles, goodput)
+    try:
+        if len(sources) > 1 or sources[0].is_dir() or sources[0].suffix == ".json":
+            given = [flag for flag, value in (("--modes", modes), ("--vary", vary), ("--variant", variant),
+                                              ("--set", sets), ("--seed", seed), ("a vllm bench serve flag", bench))
+                     if value]
+            if given:
+                raise BadInput(f"{given[0]}: applies to a scenario, and these are existing runs; remove it")
+            _compare_runs(sources, out, no_plots, quiet, say)
+            return
+        axes = list(vary or [])
+        if modes is not None or not (axes or variant):
+            # --modes is --vary batching.mode=..., and with nothing else to vary, every mode.
+            axes.append("batching.mode=" + ",".join(parse_modes(modes or ",".join(MODES))))
+        columns = variants(axes, variant or [])
+    except CompareInputError as exc:
+        raise BadInput(str(exc)) from None
+    scenario_file = sources[0]
+    base = overrides([*(sets or []), *bench], seed=seed)
+    scenarios = {label: load_scenario(scenario_file, [*base, *extra]) for label, extra in columns.items()}
+    first = next(iter(scenarios.values()))
     folder = out or results.default_folder(first.name, prefix="compare-")
     results.check_target(folder)
-    # The workload is drawn from streams the mode never touches, so one draw serves every mode.
-    workload = generate(first)
-    say = (lambda text: None) if quiet else typer.echo
-    say(report.stability_block(expected_stability(first, workload)))
-    runs = {m: _simulate(sc, m, len(workload), quiet) for m, sc in scenarios.items()}
+    # Variants that leave the workload section alone share one draw of it (common random numbers).
+    shared = generate(first) if shares_workload(list(columns.values())) else None
+    say(report.stability_block(expected_stability(first, shared if shared is not None else generate(first))))
+    total = len(shared) if shared is not None else first.workload.num_requests or 0
+    runs = {label: _simulate(sc, label, total, quiet, shared) for label, sc in scenarios.items()}
     say(report.compare_table(runs))
-    for m, r in runs.items():
-        say(f"{m}: {report.littles_law_line(r.summary)}")
-    results.write_compare(folder, scenario_file, runs)
+    for label, r in runs.items():
+        say(f"{label}: {report.littles_law_line(r.summary)}")
+    results.write_compare(folder, scenario_file, runs, with_plots=not no_plots)
+    typer.echo(f"Results written to {folder}" if not quiet else str(folder))
+
+
+def _compare_runs(sources: list[Path], out: Path | None, no_plots: bool, quiet: bool, say) -> None:
+    """``compare`` of existing runs: result folders and vLLM result files, read, tabled, plotted."""
+    if len(sources) < 2 or any(p.suffix in (".yaml", ".yml") for p in sources):
+        raise BadInput(f"compare {' '.join(map(str, sources))}: give one scenario file, or two or more "
+                       "result folders and vllm bench serve --save-result JSON files")
+    runs = load_sources(sources)
+    folder = out or results.default_folder("compare")
+    results.check_target(folder)
+    say(report.compare_table(runs))
+    write_sources(folder, sources, runs, with_plots=not no_plots)
     typer.echo(f"Results written to {folder}" if not quiet else str(folder))

@@ -38,7 +38,8 @@ AddressOpt = Annotated[str | None, typer.Option(
     help="Run on this Dask distributed cluster instead of local processes (see docs/distributed.md).")]
 OutOpt = Annotated[Path | None, typer.Option(
     "--out", "-o", metavar="DIR",
-    help="Output folder (default: results/<scenario name>/sweep, or /capacity); rerunning into it resumes.")]
+    help="Output folder (default: results/<scenario name>/sweep, or /capacity-<SLOs>-<hash of the arguments>); "
+         "rerunning the same command into it resumes.")]
 
 
 def _reports_bad_input(command: Callable) -> Callable:
@@ -113,6 +114,7 @@ def sweep(
     workers: WorkersOpt = None,
     scheduler_address: AddressOpt = None,
     out: OutOpt = None,
+    no_plots: Annotated[bool, typer.Option("--no-plots", help="Write summary.csv only, no plots.")] = False,
 ) -> None:
     """Run a scenario over a grid of parameters with replications: summary.csv (means, 95 % CIs) and plots.
 
@@ -123,13 +125,15 @@ def sweep(
     _check(replications, workers, scheduler_address)
     plan = Sweep.plan(scenario, param or [], set_ or [], replications, out)
     with _connect(workers, scheduler_address) as executor, _progress(len(plan.points), "points") as advance:
-        frame, plots = plan.run(executor, advance)
+        frame, plots = plan.run(executor, advance, with_plots=not no_plots)
     failed = frame[frame["error"] != ""]
     typer.echo(f"{len(frame)} points x {replications} replications on {executor.description}; "
                f"{len(failed)} failed")
     for _, row in failed.iterrows():
         point = ", ".join(f"{p.key}={row[p.key]}" for p in plan.params)
         typer.echo(f"  failed: {point}: {row['error']}", err=True)
+    _print_table(frame, [p.key for p in plan.params], "mean ± 95 % CI half-width over "
+                 f"{replications} replication{'s' * (replications > 1)}")
     for path in [plan.out / "summary.csv", *plots]:
         typer.echo(f"wrote {path}")
     if plots and "request_goodput_mean" not in frame:
@@ -142,6 +146,43 @@ def _cell(value: object) -> str:
     if isinstance(value, float):
         return "-" if math.isnan(value) else f"{value:.4g}"
     return str(value)
+
+
+# The sweep's compact table: (column title, summary metric), when the metric is in summary.csv.
+MAIN_METRICS = (("req/s", "request_throughput"), ("goodput req/s", "request_goodput"),
+                ("output tok/s", "output_throughput"), ("mean TTFT ms", "mean_ttft_ms"),
+                ("p99 TTFT ms", "p99_ttft_ms"), ("mean TPOT ms", "mean_tpot_ms"), ("p99 E2EL ms", "p99_e2el_ms"))
+
+
+def _number(value: float) -> str:
+    """Four significant digits, but whole thousands with separators (12,340 rather than 1.234e+04)."""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+
+def _mean_ci(mean: float, ci: float) -> str:
+    if math.isnan(mean):
+        return "-"
+    return _number(mean) if math.isnan(ci) else f"{_number(mean)} ± {_number(ci)}"
+
+
+def _print_table(frame, keys: list[str], title: str) -> None:
+    """The main metrics of every point of a sweep, mean ± 95 % CI, as a table on stdout."""
+    from rich.console import Console
+    from rich.table import Table
+
+    metrics = [(title_, m) for title_, m in MAIN_METRICS if f"{m}_mean" in frame]
+    table = Table(title=title)
+    for key in keys:
+        table.add_column(key.rsplit(".", 1)[-1], justify="right")
+    for title_, _ in metrics:
+        table.add_column(title_, justify="right")
+    for _, row in frame.iterrows():
+        cells = [_cell(row[k]) for k in keys]
+        if row["replications"] == 0:
+            table.add_row(*cells, *(["failed"] + [""] * (len(metrics) - 1)))
+            continue
+        table.add_row(*cells, *(_mean_ci(row[f"{m}_mean"], row[f"{m}_ci95"]) for _, m in metrics))
+    Console(width=max(100, 12 * len(keys) + 20 * len(metrics))).print(table)
 
 
 @_reports_bad_input
@@ -182,7 +223,16 @@ def capacity_search(
     for row in frame.itertuples(index=False):
         table.add_row(*(_cell(v) for v in row))
     Console(width=max(100, 16 * len(frame.columns))).print(table)
-    typer.echo(f"wrote {plan.out / 'capacity.csv'}")
+    typer.echo("ratio = max_rate / capacity_requests_per_s: the share of the analytic capacity (the rate at which "
+               "the device is busy all the time) that this configuration can take while meeting every SLO.")
+    from simbatch.sweep.plots import plot_slo_vs_rate
+
+    written = [plan.out / "capacity.csv", plan.out / "probes.csv"]
+    if len(plan.probes):
+        written.append(plot_slo_vs_rate(plan.probes, plan.slos, plan.keys, frame,
+                                        plan.out / "slo_vs_rate.png"))
+    for path in written:
+        typer.echo(f"wrote {path}")
 
 
 def register(app: typer.Typer) -> None:

@@ -18,9 +18,9 @@ from collections.abc import Callable
 
 import numpy as np
 import simpy
-from simpy.core import URGENT
 
-from simbatch.clock import NS_PER_S, to_ns
+from simbatch.client import Client
+from simbatch.clock import NS_PER_S, Urgent, to_ns
 from simbatch.config import Scenario
 from simbatch.cost import blocks_for, peak_kv_tokens
 from simbatch.engine.accelerated import AcceleratedReplica
@@ -45,15 +45,6 @@ def rejection_reasons(scenario: Scenario, prompt_tokens: np.ndarray, output_toke
     never_fits = blocks_for(peak_kv_tokens(prompt_tokens, output_tokens), kv.block_size) > kv.num_blocks
     reasons.update(dict.fromkeys(np.flatnonzero(never_fits).tolist(), "never_fits"))
     return reasons
-
-
-class _Urgent(simpy.Event):
-    """A timeout that fires before every normal event of its instant (as SimPy's own stop does)."""
-
-    def __init__(self, env: simpy.Environment, delay_ns: int):
-        super().__init__(env)
-        self._ok, self._value = True, None
-        env.schedule(self, URGENT, delay_ns)
 
 
 def _stop_ns(max_time_s: float) -> int:
@@ -84,9 +75,16 @@ class Engine:
         if scenario.cluster.signal_delay_ms > 0:
             self._views = deque()
             self.env.process(self._observe())  # first, so that it snapshots t <= 0 before any arrival
+        # A client sends when earlier requests complete, so send times are known only as the run goes.
+        self.client = Client.of(self.env, scenario.workload)
+        if self.client is not None:
+            for replica in self.replicas:
+                replica.on_finish = self.client.done
         # A lone accelerated replica is told when each request will arrive (see _arrivals), and
-        # unless snapshots read its state in between, it may run ahead up to there.
-        self._lone = self.replicas[0] if len(self.replicas) == 1 and scenario.sim.fast_forward else None
+        # unless snapshots read its state in between, it may run ahead up to there; not with a
+        # client, whose next send may wait on any of its completions.
+        self._lone = self.replicas[0] if len(self.replicas) == 1 and scenario.sim.fast_forward \
+            and self.client is None else None
         if self._lone is not None:
             self._lone.knows_arrivals = True
             self._lone.run_ahead = self._views is None
@@ -104,7 +102,7 @@ class Engine:
         env, delay_ns = self.env, to_ns(self.scenario.cluster.signal_delay_ms / 1e3)
         for t in self._arrival_ns:
             if t - delay_ns > env.now:
-                yield _Urgent(env, t - delay_ns - env.now)
+                yield Urgent(env, t - delay_ns - env.now)
             self._views.append(tuple(Load.of(r) for r in self.replicas))
 
     def _arrivals(self):
@@ -125,19 +123,32 @@ class Engine:
         arrival_s = wl.arrival_s.tolist()
         single = len(replicas) == 1 and views is None
         lone = self._lone  # told when each request will arrive
+        client = self.client
+        # Closed-loop users stop at the workload's duration (open-loop arrivals are all before it).
+        stop_sending_ns = to_ns(sc.workload.duration_s) \
+            if client is not None and not client.open_loop and sc.workload.duration_s is not None else None
         rejected = [rejection_reasons(s, wl.prompt_tokens, wl.output_tokens) for s in self.replica_scenarios]
         for i, t in enumerate(arrival_ns):
             if lone is not None:
                 lone.next_arrival_ns = t
-            if t > env.now:
-                yield _Urgent(env, t - env.now)
-            now_s = arrival_s[i]
+            if client is not None:
+                wait_ns = yield from client.send(t)
+                if stop_sending_ns is not None and env.now >= stop_sending_ns:
+                    break
+                now_s = env.now / NS_PER_S  # the server's clock starts at the send
+                rec.sent(i, now_s, wait_ns / NS_PER_S)
+            else:
+                if t > env.now:
+                    yield Urgent(env, t - env.now)
+                now_s = arrival_s[i]
             if self.on_progress is not None and i % 1024 == 0:
                 self.on_progress(now_s, i)
             view = None if views is None else views.popleft()
             if max_in_flight is not None and \
                     sum(r.num_running + r.num_waiting for r in replicas) >= max_in_flight:
                 rec.reject(now_s, i, "cluster_full")
+                if client is not None:
+                    client.done()
                 continue
             if single:
                 replica = replicas[0]
@@ -149,6 +160,8 @@ class Engine:
                 reason = "queue_full"
             if reason is not None:
                 rec.reject(now_s, i, reason)
+                if client is not None:
+                    client.done()
                 continue
             rec.arrive(now_s, i)
             replica.submit(Request(i, now_s, prompts[i], outputs[i], tenants[i], priorities[i]), now_s)

@@ -17,6 +17,8 @@ nanoseconds (:mod:`simbatch.clock`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import simpy
 
 from simbatch.clock import NS_PER_S, ceil_ns, step_ns
@@ -49,6 +51,8 @@ class Replica:
         self.step = 0
         self._wake: simpy.Event | None = None  # set while sleeping
         self._step_ctx: tuple | None = None  # the step in progress, to record if the clock stops
+        # Told of every completion, at its time (a client whose next send waits on it); None: nobody.
+        self.on_finish: Callable[[int], None] | None = None
         self.process = env.process(self._run())
 
     # ---------------------------------------------------------------- what the router sees
@@ -116,6 +120,8 @@ class Replica:
             self.recorder.stall_gaps_s.extend(outcome.stall_gaps_s)
         if outcome.finished:
             self.recorder.finish(end_s, outcome.finished)
+            if self.on_finish is not None:
+                self.on_finish(len(outcome.finished))
 
     def _run(self):
         env, sched, rec = self.env, self.scheduler, self.recorder

@@ -58,6 +58,9 @@ class Recorder:
         self.waiting_s = np.zeros(n)
         self.generated_tokens = np.zeros(n, dtype=np.int64)
         self.arrived = np.zeros(n, dtype=bool)
+        # Set only with a client (simbatch.client): when each request was sent, and how long it was held back.
+        self.sent_s = np.full(n, math.nan)
+        self.client_wait_s = np.zeros(n)
 
     # ---------------------------------------------------------------- time-weighted state
     def _advance(self, now: float) -> None:
@@ -72,6 +75,10 @@ class Recorder:
         self.arrived[request_id] = True
         self.n_system += 1
         self.n_waiting += 1
+
+    def sent(self, request_id: int, now: float, client_wait_s: float) -> None:
+        self.sent_s[request_id] = now
+        self.client_wait_s[request_id] = client_wait_s
 
     def reject(self, now: float, request_id: int, reason: str) -> None:
         self._advance(now)  # N(t) is unchanged; the run has seen an event at ``now`` (its duration)

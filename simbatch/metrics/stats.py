@@ -67,19 +67,28 @@ def weighted_mean_std(values: np.ndarray, weights: np.ndarray | None) -> tuple[f
     return mean, math.sqrt(max(var, 0.0))
 
 
-def describe_ms(prefix: str, values_s: np.ndarray, weights: np.ndarray | None = None) -> dict[str, float]:
-    """``mean_/median_/std_/p90_/p99_<prefix>_ms`` of a sample given in seconds, vLLM's key names."""
+def percentile_word(p: float) -> str:
+    """vLLM's spelling of a percentile in a key: 99 -> ``p99``, 99.9 -> ``p99.9``."""
+    return f"p{int(p)}" if float(p) == int(p) else f"p{p:g}"
+
+
+def describe_ms(prefix: str, values_s: np.ndarray, weights: np.ndarray | None = None,
+                percentiles: Sequence[float] = ()) -> dict[str, float]:
+    """``mean_/median_/std_/p90_/p99_<prefix>_ms`` of a sample given in seconds, vLLM's key names,
+    and ``p<P>_<prefix>_ms`` for each extra percentile P in ``percentiles`` (0 < P < 100)."""
     values_s = np.asarray(values_s, dtype=float)
     keep = ~np.isnan(values_s)
     values_ms = values_s[keep] * 1e3
     if weights is not None:
         weights = np.asarray(weights)[keep]
     mean, std = weighted_mean_std(values_ms, weights)
-    median, p90, p99 = weighted_quantiles(values_ms, weights, [0.5, 0.9, 0.99])
+    extra = [p for p in dict.fromkeys(percentiles) if p not in (90, 99)]
+    median, p90, p99, *rest = weighted_quantiles(values_ms, weights, [0.5, 0.9, 0.99, *(p / 100 for p in extra)])
     return {
         f"mean_{prefix}_ms": mean,
         f"median_{prefix}_ms": median,
         f"std_{prefix}_ms": std,
         f"p90_{prefix}_ms": p90,
         f"p99_{prefix}_ms": p99,
+        **{f"{percentile_word(p)}_{prefix}_ms": v for p, v in zip(extra, rest, strict=True)},
     }

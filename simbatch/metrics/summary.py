@@ -10,6 +10,9 @@ Per request (the ``requests`` frame; times in seconds from the start of the run)
   ``vllm:request_queue_time_seconds``); NaN for a request never scheduled.
 - ``waiting_s`` total time spent in WAITING: the first queueing plus every wait after a preemption
   (up to the end of the run for a request still waiting then). Its mean is ``Wq_s``.
+- ``client_wait_s`` time the client held the request back before sending it (``workload.max_concurrency``;
+  0 otherwise). ``arrival_s`` is when the server received it, the send, so TTFT and E2E count from
+  the send as ``vllm bench serve`` measures them; the intended arrival is arrival_s - client_wait_s.
 
 Per engine step (the ``iterations`` frame): one row per run of identical consecutive steps. When
 ``sim.max_time_s`` stops the clock mid-step, that step is a last row with ``itl_tokens`` 0: it began
@@ -28,9 +31,15 @@ The summary uses ``vllm bench serve``'s key names:
 - ``total_input_tokens``, ``total_output_tokens``: prompt and output tokens of completed requests.
 - ``request_throughput`` = completed / duration; ``output_throughput`` = output tokens of completed
   requests / duration; ``total_token_throughput`` adds their prompt tokens.
-- ``request_goodput`` = completed requests meeting every set SLO / duration (only when SLOs are set).
+- ``request_goodput`` = completed requests meeting every set SLO / duration (only when SLOs are set):
+  a request meets an SLO when its own TTFT, TPOT or E2E latency is at most the limit (a one-token
+  output has no TPOT and meets a TPOT limit), as ``vllm bench serve --goodput``.
 - ``{mean,median,std,p90,p99}_{ttft,tpot,itl,e2el}_ms``: over completed requests (ITL: over every
-  token gap generated during the run).
+  token gap generated during the run). Percentiles interpolate linearly between order statistics
+  (numpy's default, as vLLM). ``p<P>_<metric>_ms`` is added for each P of ``metrics.metric_percentiles``
+  and each metric of ``metrics.percentile_metrics``, with vLLM's spelling (``p95_ttft_ms``, ``p99.9_itl_ms``).
+- ``{mean,median,std,p90,p99}_client_wait_ms``: with ``workload.max_concurrency``, the client-side
+  wait of every request sent.
 
 Queueing quantities, over admitted requests (arrived and not rejected):
 
@@ -44,6 +53,9 @@ Queueing quantities, over admitted requests (arrived and not rejected):
 - ``mean_batch_size``: sequences per step, averaged over steps.
 - ``mean_kv_usage``: used / total device blocks, averaged over busy time.
 - ``num_preemptions``: total over the run.
+
+Tenants (with more than one, see :func:`tenant_summary`): ``tenant_<name>_request_throughput``,
+``tenant_<name>_mean_ttft_ms``, ``tenant_<name>_p99_ttft_ms``, ``tenant_<name>_mean_e2el_ms``.
 
 Cluster (definitions in :mod:`simbatch.metrics.cluster`): ``load_imbalance`` = max / mean over
 replicas of each replica's time-average number in system L_r; with more than one replica,
@@ -69,6 +81,9 @@ def requests_frame(wl: WorkloadArrays, rec: Recorder) -> pd.DataFrame:
     arrived = rec.arrived
     idx = np.flatnonzero(arrived)
     arrival = wl.arrival_s[idx]
+    # With a client, a request reaches the server when it is sent, not when it was meant to arrive.
+    sent = rec.sent_s[idx]
+    arrival = np.where(np.isnan(sent), arrival, sent)
     first_token, finish = rec.first_token_s[idx], rec.finish_s[idx]
     output = wl.output_tokens[idx]
     ttft = first_token - arrival
@@ -99,6 +114,7 @@ def requests_frame(wl: WorkloadArrays, rec: Recorder) -> pd.DataFrame:
         "e2e_s": e2e,
         "queue_s": rec.first_scheduled_s[idx] - arrival,
         "waiting_s": rec.waiting_s[idx],
+        "client_wait_s": rec.client_wait_s[idx],
     }, copy=False)
 
 
@@ -142,13 +158,20 @@ def summarize(scenario: Scenario, requests: pd.DataFrame, iterations: pd.DataFra
                 v = done[col].to_numpy()
                 ok &= np.isnan(v) | (v * 1e3 <= limit)
         out["request_goodput"] = per_s(int(ok.sum()))
-    out |= describe_ms("ttft", done["ttft_s"].to_numpy())
-    out |= describe_ms("tpot", done["tpot_s"].to_numpy())
+    chosen = scenario.metrics.percentile_metrics
+
+    def extra(metric: str) -> list[float]:
+        return scenario.metrics.metric_percentiles if metric in chosen else []
+
+    out |= describe_ms("ttft", done["ttft_s"].to_numpy(), percentiles=extra("ttft"))
+    out |= describe_ms("tpot", done["tpot_s"].to_numpy(), percentiles=extra("tpot"))
     itl_values = np.concatenate([iterations["duration_s"].to_numpy(), np.asarray(rec.stall_gaps_s)])
     itl_weights = np.concatenate([(iterations["itl_tokens"] * iterations["num_steps"]).to_numpy(),
                                   np.ones(len(rec.stall_gaps_s), dtype=np.int64)])
-    out |= describe_ms("itl", itl_values, itl_weights)
-    out |= describe_ms("e2el", done["e2e_s"].to_numpy())
+    out |= describe_ms("itl", itl_values, itl_weights, percentiles=extra("itl"))
+    out |= describe_ms("e2el", done["e2e_s"].to_numpy(), percentiles=extra("e2el"))
+    if scenario.workload.max_concurrency is not None:
+        out |= describe_ms("client_wait", requests["client_wait_s"].to_numpy())
 
     # Queueing: time averages from the state, means from the rows.
     # fmin ignores NaN: a request still in the system counts up to the end.
@@ -175,4 +198,26 @@ def summarize(scenario: Scenario, requests: pd.DataFrame, iterations: pd.DataFra
         if busy.sum() else 0.0
     out["num_preemptions"] = int(requests["num_preemptions"].sum())
     out |= cluster_summary(requests, iterations, duration, replicas)
+    out |= tenant_summary(requests, duration)
+    return out
+
+
+def tenant_summary(requests: pd.DataFrame, duration_s: float) -> dict[str, float]:
+    """With more than one tenant, ``tenant_<name>_{request_throughput,mean_ttft_ms,p99_ttft_ms,mean_e2el_ms}``.
+
+    Over each tenant's completed requests, as the whole run's keys are; flat keys, so a sweep's
+    summary.csv and a comparison keep one column or row per tenant.
+    """
+    tenants = requests["tenant"].cat.categories
+    if len(tenants) < 2:
+        return {}
+    out: dict[str, float] = {}
+    done = requests[requests["status"] == STATUS_NAMES[FINISHED]]
+    for tenant in tenants:
+        mine = done[done["tenant"] == tenant]
+        ttft, e2el = describe_ms("ttft", mine["ttft_s"].to_numpy()), describe_ms("e2el", mine["e2e_s"].to_numpy())
+        out[f"tenant_{tenant}_request_throughput"] = len(mine) / duration_s if duration_s > 0 else math.nan
+        out[f"tenant_{tenant}_mean_ttft_ms"] = ttft["mean_ttft_ms"]
+        out[f"tenant_{tenant}_p99_ttft_ms"] = ttft["p99_ttft_ms"]
+        out[f"tenant_{tenant}_mean_e2el_ms"] = e2el["mean_e2el_ms"]
     return out

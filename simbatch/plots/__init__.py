@@ -57,15 +57,26 @@ def save_run_plots(folder: Path, result: Result) -> list[Path]:
     return [save_figure(fig, folder / f"{name}.png") for name, fig in figures.items()]
 
 
-def save_compare_plots(folder: Path, results: Mapping[str, Result]) -> list[Path]:
-    """The overlay plots of one scenario under several modes, as ``folder/<name>.png``."""
-    sc = next(iter(results.values())).scenario
-    slots, _ = _fleet(sc)
-    figures = {
-        "batch_size": batch_size(results, max_num_seqs=slots),
-        "cumulative_output_tokens": cumulative_output_tokens(results),
-        "running_waiting": running_waiting(results, slots=slots),
-        "ttft_cdf": ttft_cdf(results, slo_ttft_ms=sc.slo.ttft_ms),
-        "latency_by_request": latency_by_request(results),
-    }
+def save_compare_plots(folder: Path, results: Mapping[str, Frames]) -> list[Path]:
+    """The overlay plots of several runs, as ``folder/<name>.png``.
+
+    A run without frames (a vLLM result file has neither steps nor, mostly, requests) appears only
+    in the plots its data allows: the TTFT CDF when it has TTFTs, nothing else.
+    """
+    with_steps = {label: r for label, r in results.items() if getattr(r, "iterations", None) is not None}
+    with_ttft = {label: r for label, r in results.items() if getattr(r, "requests", None) is not None}
+    scenarios = [r.scenario for r in results.values() if getattr(r, "scenario", None) is not None]
+    slots = _fleet(scenarios[0])[0] if scenarios else None
+    slo_ttft_ms = scenarios[0].slo.ttft_ms if scenarios else None
+    figures = {}
+    if with_steps:
+        figures |= {
+            "batch_size": batch_size(with_steps, max_num_seqs=slots),
+            "cumulative_output_tokens": cumulative_output_tokens(with_steps),
+            "running_waiting": running_waiting(with_steps, slots=slots),
+        }
+    if with_ttft:
+        figures["ttft_cdf"] = ttft_cdf(with_ttft, slo_ttft_ms=slo_ttft_ms)
+    if with_steps:
+        figures["latency_by_request"] = latency_by_request(with_steps)
     return [save_figure(fig, folder / f"{name}.png") for name, fig in figures.items()]

@@ -6,6 +6,7 @@ next, nothing needs closing, and plotting works the same on a headless server as
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
@@ -34,9 +35,28 @@ class Run(NamedTuple):
     requests: pd.DataFrame
 
 
+_MODE_IN_LABEL = re.compile(rf"(?:^|[ ,])mode=({'|'.join(MODE_COLORS)})(?:$|[ ,])")
+
+
+def mode_of(label: str) -> str | None:
+    """The batching mode a label names: ``static``, or ``mode=static`` among other settings."""
+    if label in MODE_COLORS:
+        return label
+    found = _MODE_IN_LABEL.search(label)
+    return found.group(1) if found else None
+
+
 def colors(labels: Iterable[str]) -> dict[str, str]:
-    """A colour per label: the mode's own for mode names, then a fixed cycle."""
-    others = iter(_OTHERS * 4)
+    """A colour per label, the one colour map of every simbatch plot (runs, comparisons, sweeps).
+
+    When each label names a different batching mode (``static``, or ``mode=static, rate=4``), it
+    gets its mode's colour, so static is the same red in every figure; otherwise a fixed cycle.
+    """
+    labels = list(labels)
+    modes = [mode_of(label) for label in labels]
+    if None not in modes and len(set(modes)) == len(modes):
+        return {label: MODE_COLORS[mode] for label, mode in zip(labels, modes, strict=True)}
+    others = iter(_OTHERS * (1 + len(labels) // len(_OTHERS)))
     return {label: MODE_COLORS.get(label) or next(others) for label in labels}
 
 

@@ -39,6 +39,36 @@ def bin_means(edges: np.ndarray, starts: np.ndarray, ends: np.ndarray, values: n
     return np.diff(integral_at(edges, starts, ends, values)) / np.diff(edges)
 
 
+def bin_means_by(edges: np.ndarray, keys: np.ndarray, num_keys: int, starts: np.ndarray, ends: np.ndarray,
+                 values: np.ndarray) -> np.ndarray:
+    """:func:`bin_means` of each key's boxes apart: a ``num_keys`` x bins array (a replica per row, say).
+
+    The boxes are sorted by key once and each key's slice integrated on its own, so the cost is
+    that of one pass over the boxes plus one small call per key, however many keys there are.
+    """
+    keys = np.asarray(keys, dtype=np.int64)
+    order = np.argsort(keys, kind="stable")
+    bounds = np.searchsorted(keys[order], np.arange(num_keys + 1))
+    starts, ends = np.asarray(starts, dtype=float)[order], np.asarray(ends, dtype=float)[order]
+    values = np.asarray(values, dtype=float)[order]
+    out = np.zeros((num_keys, len(edges) - 1))
+    for k in np.flatnonzero(np.diff(bounds)):
+        mine = slice(bounds[k], bounds[k + 1])
+        out[k] = bin_means(edges, starts[mine], ends[mine], values[mine])
+    return out
+
+
+def without_noise(values: np.ndarray) -> np.ndarray:
+    """``values`` with rounding residue set to 0: a difference of two equal integrals is 0, not 1e-13.
+
+    Bin means are differences of cumulative sums, so a quantity that is exactly zero over a bin
+    comes out as a few ulps of the integrals' size; left alone, an axis would autoscale to show it.
+    """
+    values = np.asarray(values, dtype=float)
+    scale = max(1.0, float(np.abs(values).max(initial=0.0)))
+    return np.where(np.abs(values) < 1e-9 * scale, 0.0, values)
+
+
 def end_time_s(iterations: pd.DataFrame, requests: pd.DataFrame) -> float:
     """When the last thing in the frames happened: the right edge of every time axis."""
     candidates = [iterations["end_s"].max() if len(iterations) else 0.0,

@@ -88,7 +88,7 @@ def running_waiting(runs: Mapping[str, Frames], *, slots: int | None = None) -> 
     for label, color in colors(runs).items():
         r = runs[label]
         running = series.step_mean(r.iterations, r.iterations["num_running"], edges)
-        waiting = np.maximum(series.in_system(r.requests, edges) - running, 0.0)
+        waiting = series.without_noise(np.maximum(series.in_system(r.requests, edges) - running, 0.0))
         _stairs(top, edges, running, color=color, label=label)
         _stairs(bottom, edges, waiting, color=color, label=label)
         bottom.fill_between(edges[:-1], waiting, step="post", color=color, alpha=0.12)
@@ -96,7 +96,7 @@ def running_waiting(runs: Mapping[str, Frames], *, slots: int | None = None) -> 
     for ax in (top, bottom):
         _shade_arrivals(ax, runs)
     top.set_ylim(bottom=0)
-    bottom.set_ylim(bottom=0)
+    bottom.set_ylim(0, max(1.0, bottom.get_ylim()[1]))  # nobody waiting: a 0..1 axis, not a zoom on nothing
     top.set_title("Requests running (in the batch) and waiting (queued)")
     finish_axes(top, "running", xlabel=None)
     finish_axes(bottom, "waiting")

@@ -23,8 +23,14 @@ achieves; a bound on the confidence interval instead would make the answer depen
 
 ``capacity.csv`` has one row per configuration: its parameters; ``max_rate`` (requests/s), the
 highest rate probed that met the SLOs; ``request_goodput`` there; ``capacity_requests_per_s``, the
-analytic capacity; ``ratio`` = max_rate / capacity; the SLO metrics at ``max_rate`` (replication
-means); ``probes``, rates simulated; ``error``, why a configuration has no answer.
+analytic capacity; ``ratio`` = max_rate / capacity, the share of the device's analytic capacity that
+is usable within the SLOs; the SLO metrics at ``max_rate`` (replication means); ``probes``, rates
+simulated; ``error``, why a configuration has no answer. ``probes.csv`` has a row per rate simulated
+(the SLO metrics there and whether they were met), drawn as ``slo_vs_rate.png``.
+
+SLOs may name any percentile (``ttft_p95_ms``, ``p99.9_itl_ms``): the runs are told to compute it
+(``metrics.metric_percentiles``). The default output folder is ``results/<name>/capacity-<SLOs>-<hash>``,
+the hash of the other arguments: rerunning the same search resumes it, another search never collides.
 
 **Goodput** at the found rate is ``request_goodput``: completed requests per second whose own
 latencies meet per-request limits. Those are the scenario's ``slo`` section when it sets one;
@@ -36,6 +42,8 @@ every probe is a point with R runs, and a restarted search finds its earlier pro
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import re
 from collections.abc import Callable
@@ -45,6 +53,8 @@ from typing import Any
 
 import pandas as pd
 
+from simbatch.config import Metrics
+from simbatch.metrics.stats import percentile_word
 from simbatch.simulation import expected_stability
 from simbatch.sweep.aggregate import combine, param_cells
 from simbatch.sweep.plan import (
@@ -65,8 +75,10 @@ PER_REQUEST_SLO = {"ttft": "slo.ttft_ms", "tpot": "slo.tpot_ms", "e2el": "slo.e2
 # Halving below this fraction of capacity means the SLOs are out of reach at any useful load.
 FLOOR_FRACTION = 2.0**-10
 
-_OURS = re.compile(rf"^({'|'.join(METRICS)})_({'|'.join(STATS)})_ms$")
-_VLLM = re.compile(rf"^({'|'.join(STATS)})_({'|'.join(METRICS)})_ms$")
+# Any percentile, as vLLM names it in a key: p95, p99.9 (0 < P < 100).
+_STAT = rf"{'|'.join(STATS)}|p\d{{1,2}}(?:\.\d+)?"
+_OURS = re.compile(rf"^({'|'.join(METRICS)})_({_STAT})_ms$")
+_VLLM = re.compile(rf"^({_STAT})_({'|'.join(METRICS)})_ms$")
 
 
 @dataclass(frozen=True)
@@ -74,13 +86,19 @@ class SLO:
     """A limit on one summary statistic: ``p99_ttft_ms <= 500``."""
 
     metric: str  # ttft, tpot, itl, e2el
-    stat: str  # mean, median, p90, p99
+    stat: str  # mean, median, or a percentile in vLLM's spelling: p90, p99, p99.9
     limit_ms: float
 
     @property
     def key(self) -> str:
         """The summary key it constrains (vLLM's spelling)."""
         return f"{self.stat}_{self.metric}_ms"
+
+    @property
+    def percentile(self) -> float | None:
+        """The percentile a pN SLO needs the runs to compute beyond the summary's own (p90, p99); else None."""
+        p = float(self.stat[1:]) if self.stat.startswith("p") else None
+        return None if p in (None, 90.0, 99.0) else p
 
 
 def parse_slo(text: str) -> SLO:
@@ -94,14 +112,27 @@ def parse_slo(text: str) -> SLO:
     else:
         raise SweepInputError(
             f"--slo {text}: unknown SLO {name!r}; use <metric>_<stat>_ms=LIMIT with metric one of "
-            f"{', '.join(METRICS)} and stat one of {', '.join(STATS)}, e.g. ttft_p99_ms=500")
+            f"{', '.join(METRICS)} and stat mean, median or any percentile pN (p95, p99.9), e.g. ttft_p99_ms=500")
+    if stat not in STATS and not 0 < float(stat[1:]) < 100:
+        raise SweepInputError(f"--slo {text}: percentile {stat[1:]} is not between 0 and 100, e.g. ttft_p99.9_ms=500")
     try:
         limit = float(raw)
     except ValueError:
         limit = math.nan
     if not sep or not (0 < limit < math.inf):
         raise SweepInputError(f"--slo {text}: the limit must be a positive number of ms, e.g. {name}=500")
-    return SLO(metric, STATS[stat], limit)
+    return SLO(metric, STATS.get(stat) or percentile_word(float(stat[1:])), limit)
+
+
+def percentile_overrides(slos: list[SLO], base: Metrics) -> list[str]:
+    """``metrics.*`` overrides that make every run compute the percentiles the SLOs name (none if it already does)."""
+    needed = [(s.metric, s.percentile) for s in slos if s.percentile is not None]
+    if not needed:
+        return []
+    metrics = list(dict.fromkeys([*base.percentile_metrics, *(m for m, _ in needed)]))
+    percentiles = list(dict.fromkeys([*base.metric_percentiles, *(p for _, p in needed)]))
+    return [f"metrics.percentile_metrics=[{', '.join(metrics)}]",
+            f"metrics.metric_percentiles=[{', '.join(repr(p) for p in percentiles)}]"]
 
 
 def goodput_overrides(slos: list[SLO]) -> list[str]:
@@ -125,6 +156,7 @@ class Search:
     lo: float | None = None
     at_lo: dict[str, Any] | None = None  # the combined replications at lo
     probes: int = 0
+    trace: list[dict[str, Any]] = field(default_factory=list)  # one row per probe: rate, SLO metrics, met
 
     def __post_init__(self) -> None:
         self.hi = self.capacity
@@ -146,8 +178,12 @@ class Search:
         self.probes += 1
         if combined["replications"] == 0:
             self.error = f"at {rate:.4g} req/s: {combined['error']}"
+            return
+        values = {s.key: combined.get(f"{s.key}_mean", math.nan) for s in slos}
         # NaN (no request completed) compares False: an SLO nobody met does not hold.
-        elif all(combined.get(f"{s.key}_mean", math.nan) <= s.limit_ms for s in slos):
+        met = all(values[s.key] <= s.limit_ms for s in slos)
+        self.trace.append({**param_cells(self.config.values), "rate": rate, **values, "met": met})
+        if met:
             self.lo, self.at_lo = rate, combined
         else:
             self.hi = rate
@@ -160,6 +196,16 @@ class Search:
                 "capacity_requests_per_s": self.capacity, "ratio": max_rate / self.capacity,
                 **{s.key: at.get(f"{s.key}_mean", math.nan) for s in slos},
                 "probes": self.probes, "error": self.error or self.config.error or ""}
+
+
+def _folder_slug(slos: list[SLO], params: list[str], sets: list[str], replications: int, tolerance: float) -> str:
+    """``p99_ttft_ms-500-<hash>``: the SLOs, readable, and a hash of the rest of the search.
+
+    The same search finds its folder again (and resumes); any other gets a folder of its own
+    instead of colliding with the previous one's manifest.
+    """
+    rest = json.dumps([params, sets, replications, tolerance]).encode()
+    return "_".join(f"{s.key}-{s.limit_ms:g}" for s in slos) + "-" + hashlib.sha256(rest).hexdigest()[:8]
 
 
 def _capacity(config: Point) -> float:
@@ -179,6 +225,8 @@ class CapacitySearch:
     replications: int
     tolerance: float
     store: Store
+    keys: list[str] = field(default_factory=list)  # the swept parameters (besides the rate)
+    probes: pd.DataFrame = field(default_factory=pd.DataFrame)  # after run(): every rate simulated
 
     @classmethod
     def plan(cls, scenario_path: Path, param_texts: list[str], sets: list[str], slo_texts: list[str],
@@ -195,10 +243,13 @@ class CapacitySearch:
         params, configs = valid_points(scenario_path, param_texts, sets, reserved)
         if not any(c.scenario.slo.model_dump(exclude_none=True) for c in configs if c.scenario is not None):
             sets = list(sets) + goodput_overrides(slos)
-        store = open_store(Path(out) if out else default_out(configs, "capacity"), "capacity-search",
+        sets = list(sets) + percentile_overrides(slos, next(c.scenario for c in configs if c.scenario).metrics)
+        manifest = {"slo": [[s.key, s.limit_ms] for s in slos], "tolerance": tolerance}
+        default = default_out(configs, "capacity-" + _folder_slug(slos, param_texts, sets, replications, tolerance))
+        store = open_store(Path(out) if out else default, "capacity-search",
                            scenario_path, sets, params, replications,
-                           slo=[[s.key, s.limit_ms] for s in slos], tolerance=tolerance)
-        return cls(scenario_path, sets, slos, configs, replications, tolerance, store)
+                           **manifest)
+        return cls(scenario_path, sets, slos, configs, replications, tolerance, store, [p.key for p in params])
 
     @property
     def out(self) -> Path:
@@ -243,4 +294,6 @@ class CapacitySearch:
                     search.record(rate, combine([records[run.key] for run in runs]), self.slos)
         frame = pd.DataFrame([s.row(self.slos) for s in searches])
         write_atomic(self.out / "capacity.csv", frame.to_csv(index=False))
+        self.probes = pd.DataFrame([{"config": i, **row} for i, s in enumerate(searches) for row in s.trace])
+        write_atomic(self.out / "probes.csv", self.probes.to_csv(index=False))
         return frame

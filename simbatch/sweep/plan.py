@@ -91,9 +91,9 @@ class Sweep:
     def out(self) -> Path:
         return self.store.out
 
-    def run(self, executor: Executor,
-            on_point_done: Callable[[], None] | None = None) -> tuple[pd.DataFrame, list[Path]]:
-        """Execute the runs not already stored, then write ``summary.csv`` and the plots."""
+    def run(self, executor: Executor, on_point_done: Callable[[], None] | None = None,
+            with_plots: bool = True) -> tuple[pd.DataFrame, list[Path]]:
+        """Execute the runs not already stored, then write ``summary.csv`` and (unless not ``with_plots``) the plots."""
         self.store.create()
         owner: dict[int, int] = {}  # id(run) -> its point
         remaining: dict[int, int] = {}
@@ -115,4 +115,6 @@ class Sweep:
         records = execute(runs, self.store, executor, done)
         frame = summary_frame(self.points, self.replications, records)
         write_atomic(self.out / "summary.csv", frame.to_csv(index=False))
+        if not with_plots:
+            return frame, []
         return frame, plot_sweep(frame, self.points, [p.key for p in self.params], self.out)

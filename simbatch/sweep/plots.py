@@ -2,7 +2,8 @@
 
 The x axis is the load, ``workload.arrival.rate``, when it is swept; otherwise the first swept
 parameter. Every other swept parameter splits the points into series, one line each (for example
-one per batching mode). Error bars are the 95 % half-widths of ``summary.csv``.
+one per batching mode), coloured as everywhere else (:func:`simbatch.plots.figure.colors`: a batching
+mode has its own colour). Error bars are the 95 % confidence intervals of ``summary.csv``, and say so.
 
 - ``latency.png``: median and p99 of TTFT, TPOT and end-to-end latency: the hockey stick.
 - ``throughput.png``: output tokens/s against the analytic capacity B/tau(B) of
@@ -25,6 +26,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from simbatch.cost import decode_throughput, roofline_tokens_per_s  # noqa: E402
+from simbatch.plots.figure import colors  # noqa: E402
 from simbatch.sweep.runner import Point  # noqa: E402
 
 RATE = "workload.arrival.rate"
@@ -56,18 +58,28 @@ def _series(frame: pd.DataFrame, keys: list[str], x: str) -> list[tuple[str, pd.
             for values, rows in groups]
 
 
+CI_NOTE = "error bars: 95 % confidence interval of the mean over replications"
+
+
 def _errorbar(ax, rows: pd.DataFrame, x: str, metric: str, label: str, **style) -> None:
     ax.errorbar(rows[x], rows[f"{metric}_mean"], yerr=rows[f"{metric}_ci95"].fillna(0), capsize=3,
                 label=label, **style)
 
 
-def _finish(fig, axes, xlabel: str, path: Path) -> Path:
+def _colors(series) -> list[str]:
+    """A colour per series, from the one colour map every simbatch plot uses."""
+    return list(colors([label for label, _ in series]).values())
+
+
+def _finish(fig, axes, xlabel: str, path: Path, note: str | None = CI_NOTE) -> Path:
     for ax in np.atleast_1d(axes):
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize="small")
-    fig.tight_layout()
+    if note:
+        fig.text(0.995, 0.005, note, ha="right", va="bottom", fontsize="small", color="0.35")
+    fig.tight_layout(rect=(0, 0.03 if note else 0, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -85,8 +97,7 @@ def _latency(series, x: str, path: Path) -> Path:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     for ax, (metric, title) in zip(axes, (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2el", "end-to-end latency")),
                                    strict=True):
-        for i, (label, rows) in enumerate(series):
-            color = f"C{i}"
+        for color, (label, rows) in zip(_colors(series), series, strict=True):
             _errorbar(ax, rows, x, f"median_{metric}_ms", _label(label, "p50"), color=color, marker="o")
             _errorbar(ax, rows, x, f"p99_{metric}_ms", _label(label, "p99"), color=color, marker="s",
                       linestyle="--")
@@ -106,14 +117,14 @@ def _reference(ax, series, x: str, column: str, what: str, linestyle: str) -> No
     if all(c == curves[0] for c in curves):
         ax.plot(series[0][1][x], series[0][1][column], color="black", linestyle=linestyle, label=what)
         return
-    for i, (label, rows) in enumerate(series):
-        ax.plot(rows[x], rows[column], color=f"C{i}", linestyle=linestyle, label=_label(label, what))
+    for color, (label, rows) in zip(_colors(series), series, strict=True):
+        ax.plot(rows[x], rows[column], color=color, linestyle=linestyle, label=_label(label, what))
 
 
 def _throughput(series, x: str, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for i, (label, rows) in enumerate(series):
-        _errorbar(ax, rows, x, "output_throughput", _label(label, "simulated"), color=f"C{i}", marker="o")
+    for color, (label, rows) in zip(_colors(series), series, strict=True):
+        _errorbar(ax, rows, x, "output_throughput", _label(label, "simulated"), color=color, marker="o")
     _reference(ax, series, x, "capacity_tokens_per_s_mean", "capacity B/τ(B)", "--")
     if x == RATE:
         _reference(ax, series, x, "offered_tokens_per_s_mean", "offered λ·E[out]", ":")
@@ -124,8 +135,7 @@ def _throughput(series, x: str, path: Path) -> Path:
 
 def _goodput(series, x: str, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for i, (label, rows) in enumerate(series):
-        color = f"C{i}"
+    for color, (label, rows) in zip(_colors(series), series, strict=True):
         _errorbar(ax, rows, x, "request_goodput", _label(label, "goodput"), color=color, marker="o")
         _errorbar(ax, rows, x, "request_throughput", _label(label, "completed"), color=color, marker=".",
                   linestyle=":")
@@ -136,8 +146,7 @@ def _goodput(series, x: str, path: Path) -> Path:
 
 def _batch_throughput(series, points: dict[int, Point], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for i, (label, rows) in enumerate(series):
-        color = f"C{i}"
+    for color, (label, rows) in zip(_colors(series), series, strict=True):
         replicas = np.array([points[j].scenario.cluster.replicas for j in rows.index])
         # Output tokens per busy second of one engine: the device's own rate, idle time taken out.
         busy_rate = rows["output_throughput_mean"] / (rows["server_utilization_mean"] * replicas)
@@ -151,7 +160,7 @@ def _batch_throughput(series, points: dict[int, Point], path: Path) -> Path:
                        label=_label(label, "roofline 1/β"))
     ax.set_ylabel("output tokens per busy second")
     ax.set_title("decode throughput vs batch size")
-    return _finish(fig, ax, "mean batch size (sequences per step)", path)
+    return _finish(fig, ax, "mean batch size (sequences per step)", path, note=None)
 
 
 def plot_sweep(frame: pd.DataFrame, points: list[Point], keys: list[str], out: Path) -> list[Path]:
@@ -170,3 +179,31 @@ def plot_sweep(frame: pd.DataFrame, points: list[Point], keys: list[str], out: P
         written.append(_batch_throughput(_series(good, [k for k in keys if k != RATE], BATCH), by_index,
                                          out / "batch_throughput.png"))
     return written
+
+
+def plot_slo_vs_rate(probes: pd.DataFrame, slos: list, keys: list[str], capacity: pd.DataFrame, path: Path) -> Path:
+    """``slo_vs_rate.png``: each SLO's metric at every rate the search simulated, against its limit.
+
+    One panel per SLO, one line per configuration (its probes in rate order; filled where every SLO
+    was met); the limit dashed, each configuration's ``max_rate`` dotted. The curve is where the
+    search found the edge: it rises with the rate, and max_rate is the last rate under every limit.
+    """
+    fig, axes = plt.subplots(1, len(slos), figsize=(6.5 * len(slos), 4.5), squeeze=False)
+    labels = [", ".join(f"{k.rsplit('.', 1)[-1]}={row[k]}" for k in keys) for _, row in capacity.iterrows()]
+    palette = colors(labels)
+    for ax, slo in zip(axes[0], slos, strict=True):
+        for i, label in enumerate(labels):
+            rows = probes[probes["config"] == i].sort_values("rate")
+            if rows.empty:
+                continue
+            color = palette[label]
+            ax.plot(rows["rate"], rows[slo.key], color=color, label=label or "probes")
+            met = rows["met"].astype(bool)
+            ax.scatter(rows["rate"][met], rows[slo.key][met], color=color, zorder=3)
+            ax.scatter(rows["rate"][~met], rows[slo.key][~met], facecolors="white", edgecolors=color, zorder=3)
+            if np.isfinite(capacity["max_rate"].iloc[i]):
+                ax.axvline(capacity["max_rate"].iloc[i], color=color, linestyle=":", linewidth=1.2)
+        ax.axhline(slo.limit_ms, color="0.35", linestyle="--", label=f"limit {slo.limit_ms:g} ms")
+        ax.set_ylabel(f"{slo.key} (ms, mean over replications)")
+        ax.set_title(f"{slo.key} against arrival rate (filled: every SLO met)")
+    return _finish(fig, axes[0], _xlabel(RATE), path, note="dotted: max_rate, the highest rate meeting every SLO")

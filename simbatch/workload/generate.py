@@ -93,6 +93,8 @@ def generate(scenario: Scenario) -> WorkloadArrays:
     if wl.trace is not None:
         replay = load_trace(wl.trace, scenario, wl.num_requests, wl.duration_s)
         arrival_s, prompt_tokens, output_tokens = replay.arrival_s, replay.prompt_tokens, replay.output_tokens
+    elif wl.closed_loop is not None:
+        arrival_s = np.zeros(wl.num_requests)  # users send when ready (simbatch.client); nothing is scheduled
     else:
         arrival_s = arrival_times(wl.arrival, streams.rng(seed, streams.ARRIVALS), wl.num_requests,
                                   wl.duration_s)

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from simbatch.config import (
+    DATASET_SHAPES,
     Choice,
     Empirical,
     Exponential,
@@ -28,6 +29,7 @@ from simbatch.config import (
     Zipf,
 )
 from simbatch.workload import csvfile
+from simbatch.workload.shapes import random_lengths, shape_of
 
 
 def _fixed(dist: Fixed, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -98,6 +100,7 @@ _SAMPLERS: dict[str, Callable[..., np.ndarray]] = {
     "exponential": _exponential,
     "lognormal": _lognormal,
     "zipf": _zipf,
+    "random": random_lengths,
 }
 
 
@@ -110,4 +113,6 @@ def sample_lengths(dist: LengthDist, n: int, rng: np.random.Generator, scenario:
     """
     if dist.dist == "empirical":
         return _empirical(dist, n, rng, scenario, where)
+    if dist.dist in DATASET_SHAPES:  # the field it is under says which of the dataset's fits
+        return _lognormal(shape_of(dist, "prompt" if where.endswith("prompt_tokens") else "output"), n, rng)
     return _SAMPLERS[dist.dist](dist, n, rng)
