@@ -10,7 +10,10 @@ decidable, and fast-forward provably the same as stepping.
 **The tie rule.** Events at one instant happen in this order: the clock stop (``sim.max_time_s``;
 nothing at or after it happens), then arrivals and the router's snapshots, then the engines. So an
 arrival at the instant a step ends is seen by the plan of the next step, and a router reading a
-replica at that instant sees the step that is ending.
+replica at that instant sees the step that is ending. A client that sends a request because another
+completed (``workload.max_concurrency``, closed loops) sends it at the completion's instant; then the
+engines finish their steps at that instant first, the client sends, and only then do the engines plan
+(:class:`Late`), so such a send too is seen by every plan made at its instant.
 
 A nanosecond is far below any step of a real engine (microseconds at the least), so rounding to it
 changes no result that matters; every step lasts at least 1 ns, so time always advances.
@@ -45,6 +48,19 @@ def snap_s(seconds: np.ndarray) -> np.ndarray:
 def step_ns(duration_ms: float) -> int:
     """A step's duration on the grid: the nearest nanosecond, and at least one."""
     return max(1, int(duration_ms * 1_000_000 + 0.5))  # durations are >= 0: int(x + 0.5) rounds
+
+
+LATE = 2  # a SimPy priority after NORMAL (1): after everything else of its instant
+
+
+class Late(simpy.Event):
+    """An event at the current instant that fires after every urgent and normal event of it: where
+    an engine waits, with a client, before planning (the tie rule above)."""
+
+    def __init__(self, env: simpy.Environment):
+        super().__init__(env)
+        self._ok, self._value = True, None
+        env.schedule(self, LATE, 0)
 
 
 class Urgent(simpy.Event):

@@ -493,6 +493,23 @@ class Scenario(_Model):
             raise ValueError(f"cluster.signal_delay_ms ({self.cluster.signal_delay_ms:g}) with workload.{which}: "
                              "delayed snapshots need arrival times known in advance, and a client sends when "
                              "requests complete; set signal_delay_ms to 0 or remove the client")
+        cap = wl.max_concurrency if wl.max_concurrency is not None else \
+            (wl.closed_loop.concurrency if wl.closed_loop is not None else None)
+        if cap is not None:
+            # A static batcher with no timer starts a batch only when it is full (or arrivals end). If
+            # every request the client lets out can sit in such a batcher short of a full batch, the
+            # client waits for a response that never comes: a deadlock, in the model as in a real
+            # deployment. Pigeonhole: more than sum(max_num_seqs - 1) in flight always fills one.
+            batchings = [self.batching] if self.cluster.replica_specs is None else \
+                [s.batching or self.batching for s in self.cluster.replica_specs for _ in range(s.count)]
+            if self.cluster.replica_specs is None:
+                batchings *= self.cluster.replicas
+            stuck = sum(b.max_num_seqs - 1 for b in batchings if b.mode == "static" and b.max_wait_ms is None)
+            if stuck and cap <= stuck:
+                which = "max_concurrency" if wl.max_concurrency is not None else "closed_loop.concurrency"
+                raise ValueError(f"workload.{which} ({cap}) can deadlock static batching without max_wait_ms: "
+                                 f"up to {stuck} requests can wait for batches that never fill while the client "
+                                 f"waits for them; set batching.max_wait_ms, or {which} to at least {stuck + 1}")
         return self
 
     def resolve(self, path: Path) -> Path:

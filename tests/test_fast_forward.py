@@ -101,6 +101,30 @@ def test_fast_forward_equals_stepping(scenario):
 
 
 @st.composite
+def with_clients(draw, base) -> dict:
+    """A scenario whose requests a client sends: capped at N in flight, or N closed-loop users."""
+    scenario = draw(base)
+    workload = dict(scenario["workload"])
+    if "trace" in workload or draw(st.booleans()):
+        workload["max_concurrency"] = draw(st.integers(1, 8))
+    else:
+        workload["arrival"] = None
+        workload["closed_loop"] = {"concurrency": draw(st.integers(1, 8)),
+                                   "think_time_s": draw(st.sampled_from([0.0, 0.125, 0.3]))}
+    batching = scenario["batching"]
+    if batching["mode"] == "static" and batching["max_wait_ms"] is None:  # else a client can deadlock it
+        batching = {**batching, "max_wait_ms": 50.0}
+    cluster = {**scenario["cluster"], "signal_delay_ms": 0.0}  # delayed snapshots need arrivals known in advance
+    return {**scenario, "workload": workload, "batching": batching, "cluster": cluster}
+
+
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(with_clients(scenarios()))
+def test_fast_forward_equals_stepping_with_a_client(scenario):
+    assert_same_run(scenario)
+
+
+@st.composite
 def tie_scenarios(draw, trace_dir) -> dict:
     """A scenario where arrivals, step ends and the clock stop fall on the same instants.
 
@@ -146,6 +170,13 @@ def tie_scenarios(draw, trace_dir) -> dict:
 @given(data=st.data())
 def test_fast_forward_equals_stepping_on_exact_ties(data, tmp_path_factory):
     assert_same_run(data.draw(tie_scenarios(tmp_path_factory.getbasetemp())))
+
+
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_fast_forward_equals_stepping_on_exact_ties_with_a_client(data, tmp_path_factory):
+    """Completions and the sends they free coincide with step ends all the time here."""
+    assert_same_run(data.draw(with_clients(tie_scenarios(tmp_path_factory.getbasetemp()))))
 
 
 def run_lone_replica(scenario: Scenario, run_ahead: bool) -> tuple:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from simbatch.clock import NS_PER_S
+from simbatch.clock import NS_PER_S, Late
 from simbatch.engine.replica import _ITL, _WAITING, Replica, replaced
 from simbatch.schedulers import StepPlan
 
@@ -67,7 +67,10 @@ class AcceleratedReplica(Replica):
         step_duration_ns, planned = self.step_duration_ns, self._planned
         run_ahead, stop_at = self.run_ahead, self.stop_at_ns  # set by the cluster before the run starts
         contiguous, now = False, env.now  # now: this replica's clock, ahead of env.now when running ahead
+        late = self.on_finish is not None  # a client: plan after the sends of this instant (no running ahead)
         while True:
+            if late:
+                yield Late(env)
             now_s = now / NS_PER_S
             plan = schedule(now_s)
             if plan.__class__ is not StepPlan:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import simpy
 
-from simbatch.clock import NS_PER_S, ceil_ns, step_ns
+from simbatch.clock import NS_PER_S, Late, ceil_ns, step_ns
 from simbatch.config import Scenario
 from simbatch.metrics.recorder import SHAPE_COLUMNS, Recorder
 from simbatch.request import Request
@@ -52,6 +52,7 @@ class Replica:
         self._wake: simpy.Event | None = None  # set while sleeping
         self._step_ctx: tuple | None = None  # the step in progress, to record if the clock stops
         # Told of every completion, at its time (a client whose next send waits on it); None: nobody.
+        # Then requests are also sent at completion instants, so the loop plans only after them.
         self.on_finish: Callable[[int], None] | None = None
         self.process = env.process(self._run())
 
@@ -127,6 +128,8 @@ class Replica:
         env, sched, rec = self.env, self.scheduler, self.recorder
         contiguous = False
         while True:
+            if self.on_finish is not None:
+                yield Late(env)  # sends at this instant, caused by completions at it, come first
             now = env.now
             plan = sched.schedule(now / NS_PER_S)
             if plan.__class__ is not StepPlan:
