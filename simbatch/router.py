@@ -143,19 +143,3 @@ def make_router(scenario: Scenario, session: np.ndarray):
         "power_of_two": lambda: PowerOfTwo(rng),
         "session_affinity": lambda: SessionAffinity(session),
     }[policy]()
-
-
-def replica_scenarios(scenario: Scenario) -> list[Scenario]:
-    """The scenario each replica runs, in index order.
-
-    Alike replicas all run ``scenario``; in a heterogeneous fleet each ``replica_specs`` group runs
-    it with the sections its spec gives swapped in.
-    """
-    specs = scenario.cluster.replica_specs
-    if specs is None:
-        return [scenario] * scenario.cluster.replicas
-    out: list[Scenario] = []
-    for spec in specs:
-        sections = {k: getattr(spec, k) for k in ("device", "kv_cache", "batching") if getattr(spec, k) is not None}
-        out += [scenario.model_copy(update=sections)] * spec.count
-    return out

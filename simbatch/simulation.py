@@ -7,11 +7,10 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from simbatch.config import Scenario
+from simbatch.config import Scenario, replica_scenarios
 from simbatch.cost import Stability, fleet_stability
 from simbatch.engine import Engine
 from simbatch.metrics.summary import iterations_frame, requests_frame, summarize
-from simbatch.router import replica_scenarios
 from simbatch.workload import WorkloadArrays, generate
 
 

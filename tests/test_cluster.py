@@ -18,6 +18,7 @@ import pytest
 from builders import make_scenario
 
 from simbatch import streams
+from simbatch.config import replica_scenarios
 from simbatch.cost import decode_throughput, fleet_stability, stability
 from simbatch.engine import Engine
 from simbatch.loading import ScenarioError, load_scenario
@@ -33,7 +34,6 @@ from simbatch.router import (
     RoundRobin,
     SessionAffinity,
     make_router,
-    replica_scenarios,
 )
 from simbatch.simulation import simulate
 from simbatch.workload import generate

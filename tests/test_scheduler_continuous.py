@@ -17,6 +17,7 @@ from builders import Driver, make_scenario, req, tokens
 
 from simbatch.engine import rejection_reasons
 from simbatch.request import Status
+from simbatch.schedulers import IDLE
 
 
 def driver(**overrides) -> Driver:
@@ -47,7 +48,7 @@ def test_prefill_then_decodes_grow_a_block_at_each_boundary():
     assert out.finished == [r]
     assert (r.status, r.finish_s, r.num_generated, r.blocks) == (Status.FINISHED, 5.0, 5, 0)
     assert d.sched.kv.device.num_free == 64 and d.sched.running == []
-    assert d.sched.schedule(d.now) is None
+    assert d.sched.schedule(d.now) is IDLE
 
 
 def test_one_token_output_finishes_at_its_prefill():
@@ -61,7 +62,7 @@ def test_one_token_output_finishes_at_its_prefill():
 
 
 def test_an_idle_scheduler_has_nothing_to_plan():
-    assert driver().sched.schedule(0.0) is None
+    assert driver().sched.schedule(0.0) is IDLE
 
 
 # --------------------------------------------------------------------------- the token budget

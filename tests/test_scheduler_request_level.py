@@ -9,6 +9,7 @@ import pytest
 from builders import Driver, make_scenario, req, tokens
 
 from simbatch.request import Status
+from simbatch.schedulers import IDLE
 
 
 def driver(mode: str = "static", **overrides) -> Driver:
@@ -17,13 +18,13 @@ def driver(mode: str = "static", **overrides) -> Driver:
 
 def test_an_empty_scheduler_has_nothing_to_plan():
     for mode in ("static", "dynamic"):
-        assert driver(mode).sched.schedule(0.0) is None
+        assert driver(mode).sched.schedule(0.0) is IDLE
 
 
 def test_static_waits_for_a_full_batch():
     d = driver()
     d.add(req(0, 4, 2), req(1, 8, 5))
-    assert d.sched.schedule(0.0) is None  # 2 of 3: no timer, so wait for an arrival
+    assert d.sched.schedule(0.0) is IDLE  # 2 of 3: no timer, so wait for an arrival
     d.add(req(2, 2, 1))
     assert tokens(d.plan()) == {0: 4, 1: 8, 2: 2}
 
@@ -77,7 +78,7 @@ def test_head_of_line_an_arrival_waits_for_the_whole_batch():
         plan, _ = d.run()
         assert late not in tokens(plan)
     assert d.now == 4.0
-    assert d.sched.schedule(d.now) is None  # alone, not a full batch
+    assert d.sched.schedule(d.now) is IDLE  # alone, not a full batch
     d.sched.close()  # arrivals have ended: flush
     plan, _ = d.run()
     assert tokens(plan) == {3: 4}
@@ -104,8 +105,8 @@ def test_static_max_wait_starts_a_partial_batch():
     d = driver(batching__max_wait_ms=100.0)
     a = req(0, 4, 2)
     d.add(a)
-    assert d.sched.schedule(0.0) == pytest.approx(0.1)
-    assert d.sched.schedule(0.05) == pytest.approx(0.1)
+    assert d.sched.schedule(0.0).time_s == pytest.approx(0.1)
+    assert d.sched.schedule(0.05).time_s == pytest.approx(0.1)
     plan = d.sched.schedule(0.1)
     assert tokens(plan) == {0: 4}
     assert a.first_scheduled_s == 0.1
@@ -114,10 +115,10 @@ def test_static_max_wait_starts_a_partial_batch():
 def test_dynamic_dispatches_when_the_oldest_has_waited_the_queue_delay():
     d = driver("dynamic", batching__max_queue_delay_ms=10.0)
     d.add(req(0, 4, 2))
-    assert d.sched.schedule(0.0) == pytest.approx(0.01)
+    assert d.sched.schedule(0.0).time_s == pytest.approx(0.01)
     d.now = 0.004
     d.add(req(1, 4, 2))
-    assert d.sched.schedule(0.004) == pytest.approx(0.01)  # the oldest sets the timer
+    assert d.sched.schedule(0.004).time_s == pytest.approx(0.01)  # the oldest sets the timer
     plan = d.sched.schedule(0.01)
     assert tokens(plan) == {0: 4, 1: 4} and plan.num_admitted == 2
 
@@ -137,4 +138,4 @@ def test_dynamic_ignores_the_end_of_arrivals():
     d = driver("dynamic", batching__max_queue_delay_ms=10.0)
     d.add(req(0, 4, 2))
     d.sched.close()
-    assert d.sched.schedule(0.0) == pytest.approx(0.01)
+    assert d.sched.schedule(0.0).time_s == pytest.approx(0.01)

@@ -23,9 +23,10 @@ import simpy
 
 from simbatch.clock import NS_PER_S, Late, ceil_ns, step_ns
 from simbatch.config import Scenario
+from simbatch.cost import LinearCost
 from simbatch.metrics.recorder import SHAPE_COLUMNS, Recorder
 from simbatch.request import Request
-from simbatch.schedulers import BaseScheduler, StepPlan, make_scheduler
+from simbatch.schedulers import IDLE, BaseScheduler, Idle, SleepUntil, StepPlan, make_scheduler
 
 _WAITING, _ITL = SHAPE_COLUMNS.index("num_waiting"), SHAPE_COLUMNS.index("itl_tokens")
 
@@ -42,9 +43,8 @@ class Replica:
                  tenant_names: tuple[str, ...], check_invariants: bool = False):
         self.env = env
         self.index = index
-        self.device = device = scenario.device
-        self._cost_ms = (device.tau0_ms, device.beta_ms, device.prefill_ms_per_token,
-                         scenario.kv_cache.swap_ms_per_block)
+        self.device = scenario.device
+        self.cost = LinearCost.of(scenario.device, scenario.kv_cache.swap_ms_per_block)
         self.scheduler: BaseScheduler = make_scheduler(scenario, tenant_names)
         self.recorder = recorder
         self.check = check_invariants
@@ -90,18 +90,15 @@ class Replica:
 
     # ---------------------------------------------------------------- the loop
     def step_duration_ns(self, plan: StepPlan) -> int:
-        """:func:`simbatch.cost.step_time_s` of the plan plus its swap traffic, on the clock's grid."""
-        tau0_ms, beta_ms, gamma_ms, swap_ms = self._cost_ms
-        return step_ns(tau0_ms + beta_ms * (plan.decode_seqs + plan.padded_decode_seqs)
-                       + gamma_ms * (plan.prefill_tokens + plan.padded_prefill_tokens)
-                       + swap_ms * plan.swap_blocks)
+        """The cost model's duration of the plan, on the clock's grid."""
+        return step_ns(self.cost.plan_ms(plan))
 
-    def _sleep(self, plan: float | None):
-        """Wait for an arrival, or until the scheduler's timer (``plan``, s) falls due."""
+    def _sleep(self, answer: SleepUntil | Idle):
+        """Wait for an arrival, or until the scheduler's timer falls due."""
         self._wake = self.env.event()
         # A timer due at a time the grid rounds below ``now`` still waits one tick: time advances.
-        yield self._wake if plan is None else \
-            (self._wake | self.env.timeout(max(1, ceil_ns(plan) - self.env.now)))
+        yield self._wake if answer is IDLE else \
+            (self._wake | self.env.timeout(max(1, ceil_ns(answer.time_s) - self.env.now)))
         self._wake = None
 
     def _planned(self, plan: StepPlan, now_s: float, duration_ns: int) -> tuple:

@@ -69,11 +69,10 @@ import math
 import numpy as np
 import pandas as pd
 
-from simbatch.config import Scenario
+from simbatch.config import Scenario, replica_scenarios
 from simbatch.metrics.cluster import busy_s, cluster_summary
 from simbatch.metrics.recorder import FINISHED, REJECTED, RUN_COLUMNS, STATUS_NAMES, Recorder
 from simbatch.metrics.stats import describe_ms
-from simbatch.router import replica_scenarios
 from simbatch.workload import WorkloadArrays
 
 

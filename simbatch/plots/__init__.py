@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from simbatch.config import Scenario
+from simbatch.config import Scenario, replica_scenarios
 from simbatch.plots.cluster import load_imbalance, replica_load
 from simbatch.plots.figure import Frames, Run, save_figure
 from simbatch.plots.latency import e2e_histogram, latency_by_request, ttft_cdf
@@ -22,7 +22,6 @@ from simbatch.plots.timeseries import (
     output_throughput,
     running_waiting,
 )
-from simbatch.router import replica_scenarios
 from simbatch.simulation import Result
 
 __all__ = ["Frames", "Run", "batch_size", "load_imbalance", "replica_load", "cumulative_output_tokens", "e2e_histogram", "kv_usage",

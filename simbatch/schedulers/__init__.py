@@ -3,7 +3,7 @@
 from simbatch.config import Scenario
 from simbatch.kv import KVCacheManager
 from simbatch.policies import make_queue
-from simbatch.schedulers.base import BaseScheduler, StepOutcome, StepPlan
+from simbatch.schedulers.base import IDLE, Answer, BaseScheduler, Idle, SleepUntil, StepOutcome, StepPlan
 from simbatch.schedulers.continuous import ContinuousScheduler
 from simbatch.schedulers.lockstep import LockstepScheduler
 from simbatch.schedulers.request_level import RequestLevelScheduler
@@ -24,5 +24,5 @@ def make_scheduler(scenario: Scenario, tenant_names: tuple[str, ...] = ("default
     return cls(scenario, kv, waiting)
 
 
-__all__ = ["BaseScheduler", "ContinuousScheduler", "LockstepScheduler", "RequestLevelScheduler", "StepOutcome", "StepPlan",
+__all__ = ["IDLE", "Answer", "BaseScheduler", "ContinuousScheduler", "Idle", "SleepUntil", "LockstepScheduler", "RequestLevelScheduler", "StepOutcome", "StepPlan",
            "make_scheduler"]

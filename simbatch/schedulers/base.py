@@ -4,12 +4,12 @@ A scheduler is plain Python with no notion of SimPy. The engine asks it ``schedu
 one of three answers:
 
 - a :class:`StepPlan`: run this step (the engine charges its cost and calls ``finish_step``);
-- a float: nothing to run before that time (a batching timer), unless a request arrives;
-- ``None``: nothing to run until a request arrives.
+- :class:`SleepUntil`: nothing to run before that time (a batching timer), unless a request arrives;
+- :data:`IDLE`: nothing to run until a request arrives.
 
 Tests build a scheduler, ``add`` requests, and step it by hand with ``schedule`` / ``finish_step``.
-A continuous scheduler advances its decoding requests lazily (in lockstep), so call ``sync()`` before
-reading a running request's counters.
+The lockstep scheduler (``sim.fast_forward``) advances its decoding requests lazily, so call
+``sync()`` before reading a running request's counters there.
 """
 
 from __future__ import annotations
@@ -57,6 +57,27 @@ class StepPlan:
         return self.padded_decode_seqs + self.padded_prefill_tokens
 
 
+@dataclass(frozen=True, slots=True)
+class SleepUntil:
+    """Nothing to run before ``time_s`` (a batching timer falls due then), unless a request arrives."""
+
+    time_s: float
+
+
+class Idle:
+    """Nothing to run until a request arrives."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "IDLE"
+
+
+IDLE = Idle()
+
+Answer = StepPlan | SleepUntil | Idle
+
+
 @dataclass(slots=True)
 class StepOutcome:
     """What a finished step produced, for the recorders."""
@@ -90,7 +111,7 @@ class BaseScheduler(ABC):
         self.closed = True
 
     @abstractmethod
-    def schedule(self, now: float) -> StepPlan | float | None:
+    def schedule(self, now: float) -> Answer:
         """Plan the next step at ``now`` (see the module docstring for the three answers)."""
 
     @abstractmethod

@@ -37,7 +37,7 @@ from simbatch.cost import blocks_for
 from simbatch.kv import KVCacheManager
 from simbatch.policies import WaitingQueue, victim_key, waiting_key
 from simbatch.request import RUNNING, WAITING, Request
-from simbatch.schedulers.base import BaseScheduler, StepOutcome, StepPlan
+from simbatch.schedulers.base import IDLE, BaseScheduler, Idle, StepOutcome, StepPlan
 
 
 class ContinuousScheduler(BaseScheduler):
@@ -62,11 +62,11 @@ class ContinuousScheduler(BaseScheduler):
         self._prefilling: dict[Request, None] = {}
 
     # ---------------------------------------------------------------- planning
-    def schedule(self, now: float, admit: bool = True) -> StepPlan | None:
+    def schedule(self, now: float, admit: bool = True) -> StepPlan | Idle:
         """Plan the next step; ``admit=False`` plans it without admissions (see ``_replan``)."""
         running, prefilling = self.running, self._prefilling
         if not running and not len(self.waiting):
-            return None
+            return IDLE
         plan = StepPlan()
         self._sched, self._budget = {}, self.token_budget
         if len(running) > len(prefilling):
@@ -84,7 +84,7 @@ class ContinuousScheduler(BaseScheduler):
         grouped = self._plan_group(plan)
         if not sched and not grouped:
             if not running:
-                return None  # nothing admissible; the arrival checks make this unreachable with an idle engine
+                return IDLE  # nothing admissible; the arrival checks make this unreachable with an idle engine
             # Every running request stalled on memory with every victim protected by max_preemptions:
             # the cap yields to progress, or the engine would wait forever.
             self._preempt(max(running, key=self._victim_key), now, plan)
@@ -111,12 +111,12 @@ class ContinuousScheduler(BaseScheduler):
         """Put decodes planned outside ``_sched`` (the lockstep group's) into ``plan``; here, none are."""
         return False
 
-    def _replan(self, now: float, carried: StepPlan) -> StepPlan | None:
+    def _replan(self, now: float, carried: StepPlan) -> StepPlan | Idle:
         """Plan again after a forced preemption. The step preempted, so it admits nobody (its victim
         would come straight back, its work discarded), unless nothing is left running: an engine with
         work waiting must not idle."""
         plan = self.schedule(now, admit=not self.running)
-        if plan is not None:
+        if plan is not IDLE:
             plan.num_preempted += carried.num_preempted
             plan.swap_blocks += carried.swap_blocks
         return plan

@@ -28,7 +28,7 @@ from simbatch.cost import blocks_for
 from simbatch.kv import KVCacheManager
 from simbatch.policies import WaitingQueue
 from simbatch.request import RUNNING, Request
-from simbatch.schedulers.base import StepOutcome, StepPlan
+from simbatch.schedulers.base import IDLE, Idle, StepOutcome, StepPlan
 from simbatch.schedulers.continuous import ContinuousScheduler
 
 
@@ -52,10 +52,10 @@ class LockstepScheduler(ContinuousScheduler):
         self._plan_used = 0  # blocks in use during the first step of the run planned last
 
     # ---------------------------------------------------------------- planning
-    def schedule(self, now: float, admit: bool = True) -> StepPlan | None:
+    def schedule(self, now: float, admit: bool = True) -> StepPlan | Idle:
         self._group_reserved = False
         plan = super().schedule(now, admit)
-        if plan is not None:
+        if plan is not IDLE:
             device = self.kv.device
             self._plan_used = device.num_blocks - device.num_free
         return plan

@@ -33,7 +33,7 @@ from simbatch.cost import peak_kv_tokens
 from simbatch.kv import KVCacheManager
 from simbatch.policies import WaitingQueue
 from simbatch.request import Request, Status
-from simbatch.schedulers.base import BaseScheduler, StepOutcome, StepPlan
+from simbatch.schedulers.base import IDLE, Answer, BaseScheduler, SleepUntil, StepOutcome, StepPlan
 
 
 class RequestLevelScheduler(BaseScheduler):
@@ -70,20 +70,20 @@ class RequestLevelScheduler(BaseScheduler):
         return sum(self.kv.blocks_for(peak_kv_tokens(p, outputs_max)) for p in prompts)
 
     # ---------------------------------------------------------------- planning
-    def schedule(self, now: float) -> StepPlan | float | None:
+    def schedule(self, now: float) -> Answer:
         if not self.batch:
             n = len(self.waiting)
             if n == 0:
-                return None
+                return IDLE
             if n < self.max_batch_size:
                 if self.max_wait_s is None:
                     if not self.closed:
-                        return None
+                        return IDLE
                     # A batcher that waits for a full batch would wait forever once arrivals end.
                 else:
                     due = self._oldest_waiting_since() + self.max_wait_s
                     if due > now:
-                        return due
+                        return SleepUntil(due)
             self._form_batch(now)
         return self._next_step()
 
