@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import math
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from simbatch.config import Scenario
+from simbatch.config import Scenario, suggestion
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,130 @@ def apply_overrides(data: dict, overrides: list[tuple[str, Any]]) -> dict:
     return out
 
 
+MAX_SCENARIO_BYTES = 1_000_000
+"""A scenario is a page of settings; a file larger than this is not one (and is not read whole)."""
+MAX_DEPTH = 32
+"""Nesting deeper than any scenario needs; it also keeps PyYAML's recursive composer far from the stack limit."""
+MAX_NODES = 100_000
+"""Values in the document with every alias expanded: a "billion laughs" file has 10**9 of them."""
+
+
+def read_text(path: Path) -> str:
+    """The scenario file's text: a regular UTF-8 file of at most MAX_SCENARIO_BYTES, or ScenarioError."""
+    source = str(path)
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise ScenarioError([Problem(source, "", "file not found")]) from None
+    except OSError as exc:
+        raise ScenarioError([Problem(source, "", f"cannot read the file: {exc.strerror or exc}")]) from None
+    if not stat.S_ISREG(mode):
+        kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
+        raise ScenarioError([Problem(source, "", f"cannot read the file: it is {kind}; give a scenario .yaml file")])
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_SCENARIO_BYTES + 1)
+    except OSError as exc:
+        raise ScenarioError([Problem(source, "", f"cannot read the file: {exc.strerror or exc}")]) from None
+    if len(raw) > MAX_SCENARIO_BYTES:
+        raise ScenarioError([Problem(source, "", f"the file is larger than {MAX_SCENARIO_BYTES:,} bytes, "
+                                                 "too large for a scenario; check that this is the right file")])
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise ScenarioError([Problem(source, "", f"cannot read the file: byte {raw[exc.start]:#04x} is not UTF-8; "
+                                                 "save the file as UTF-8", line)]) from None
+
+
+def _yaml_problem(source: str, message: str, mark: yaml.Mark | None) -> ScenarioError:
+    return ScenarioError([Problem(source, "", message, None if mark is None else mark.line + 1,
+                                  None if mark is None else mark.column + 1)])
+
+
+def _check_shape(text: str, source: str) -> None:
+    """Refuse NUL bytes and deep nesting before PyYAML's recursive composer sees the text.
+
+    The event stream is produced without recursion, so even 100,000 nested brackets are counted safely.
+    """
+    if "\0" in text:
+        before = text[:text.index("\0")]
+        line, col = before.count("\n") + 1, len(before) - (before.rfind("\n") + 1) + 1
+        raise ScenarioError([Problem(source, "", "the file contains a NUL byte; a scenario is text, "
+                                                 "remove it (or check that this is the right file)", line, col)])
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise _yaml_problem(source, f"nested more than {MAX_DEPTH} levels deep; a scenario needs a "
+                                            "handful, check the brackets and indentation", event.start_mark)
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
+def _check_tree(root: yaml.Node, source: str) -> None:
+    """Refuse duplicate keys (naming both places) and documents whose aliases expand past MAX_NODES.
+
+    A node reached through several aliases is counted once per path, as the validated mapping holds
+    it; counts are memoised per node, so this costs one visit per node whatever the expansion.
+    """
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        children = [v for pair in node.value for v in pair] if isinstance(node, yaml.MappingNode) else \
+            node.value if isinstance(node, yaml.SequenceNode) else []
+        if done:
+            open_.discard(id(node))
+            sizes[id(node)] = size = 1 + sum(sizes[id(c)] for c in children)
+            if size > MAX_NODES:
+                raise _yaml_problem(source, f"the document expands to more than {MAX_NODES:,} values "
+                                            "(aliases repeating aliases?); a scenario needs a few dozen",
+                                    node.start_mark)
+            continue
+        if id(node) in sizes:
+            continue
+        if id(node) in open_:
+            raise _yaml_problem(source, "an alias refers to a value that contains it; "
+                                        "a scenario cannot be infinitely deep", node.start_mark)
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[str, yaml.Mark] = {}
+            for key, _ in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.value in seen:
+                    first = seen[key.value]
+                    raise _yaml_problem(source, f"duplicate key {key.value!r} (first at line {first.line + 1}, "
+                                                f"column {first.column + 1}); keep one of them", key.start_mark)
+                if isinstance(key, yaml.ScalarNode):
+                    seen[key.value] = key.start_mark
+        open_.add(id(node))
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in sizes)
+
+
+def read_yaml(text: str, source: str) -> tuple[yaml.Node | None, Any]:
+    """(composed tree, plain data) of a scenario's text, or ScenarioError with file:line:col.
+
+    Guards first (NUL bytes, depth, aliases, duplicate keys), so that no input can exhaust memory,
+    the stack or the user's patience; then the tree is constructed once, sharing what aliases share.
+    """
+    try:
+        _check_shape(text, source)
+        loader = yaml.SafeLoader(text)
+        try:
+            node = loader.get_single_node()
+            if node is not None:
+                _check_tree(node, source)
+            data = None if node is None else loader.construct_document(node)
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise _yaml_problem(source, f"not valid YAML: {problem}", getattr(exc, "problem_mark", None)) from None
+    return node, data
+
+
 def _marks(node: yaml.Node, prefix: tuple = ()) -> dict[tuple, yaml.Mark]:
     """Map every dotted location in a composed YAML tree to the start mark of its value."""
     marks: dict[tuple, yaml.Mark] = {prefix: node.start_mark}
@@ -115,18 +240,21 @@ def _locate(loc: tuple, marks: dict[tuple, yaml.Mark], extra_key: bool) -> yaml.
     return marks.get(())
 
 
+_UNION_TAGS = ("fixed", "uniform", "choice", "exponential", "lognormal", "zipf", "empirical")
+
+
 def _clean_loc(loc: tuple, data: Any) -> str:
     """Pydantic's loc without union tags, as a dotted path the user would type."""
     parts, node = [], data
     for p in loc:
+        if isinstance(node, dict) and p in _UNION_TAGS and p not in node:
+            continue
         if isinstance(node, dict) and p in node or isinstance(node, list) and isinstance(p, int) and p < len(node):
             parts.append(str(p))
             node = node[p]
         elif isinstance(node, dict | list):
             # A key that is missing (required field) or a union tag: keep real keys only.
-            if isinstance(node, dict) and not isinstance(p, int) and p not in ("fixed", "uniform", "choice",
-                                                                            "exponential", "lognormal",
-                                                                            "zipf", "empirical"):
+            if isinstance(node, dict) and not isinstance(p, int):
                 parts.append(str(p))
             node = None
         else:
@@ -137,7 +265,9 @@ def _clean_loc(loc: tuple, data: Any) -> str:
 def _message(err: dict) -> str:
     kind, msg = err["type"], err["msg"]
     if kind == "extra_forbidden":
-        return "unknown key; remove it or check its spelling (see `simbatch schema`)"
+        guess = suggestion(err["loc"])
+        hint = f"did you mean {guess!r}? " if guess else ""
+        return f"unknown key; {hint}remove it or check its spelling (see `simbatch schema`)"
     if kind == "missing":
         return "required field is missing"
     if kind.startswith("value_error"):
@@ -200,21 +330,7 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
     """Read, override and validate a scenario file. Raises ScenarioError with every problem found."""
     path = Path(path)
     source = str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ScenarioError([Problem(source, "", "file not found")]) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ScenarioError([Problem(source, "", f"cannot read the file: {exc}")]) from None
-    try:
-        node = yaml.compose(text)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ScenarioError([Problem(source, "", f"not valid YAML: {problem}",
-                                     None if mark is None else mark.line + 1,
-                                     None if mark is None else mark.column + 1)]) from None
+    node, data = read_yaml(read_text(path), source)
     marks = _marks(node) if node is not None else {}
     parsed = [parse_override(o) for o in overrides or []]
     if parsed:
