@@ -415,6 +415,20 @@ class Scenario(_Model):
             return path
         return self._base_dir / path
 
+    def data_files(self) -> dict[str, Path]:
+        """Every data file the scenario reads, by the dotted key naming it: ``{"workload.trace.path": ...}``.
+
+        Paths are as written in the scenario (see :meth:`resolve` for where they point).
+        """
+        wl = self.workload
+        files = {} if wl.trace is None else {"workload.trace.path": wl.trace.path}
+        dists = [("workload.prompt_tokens", wl.prompt_tokens), ("workload.output_tokens", wl.output_tokens)]
+        for i, cls in enumerate(wl.classes or []):
+            dists += [(f"workload.classes.{i}.prompt_tokens", cls.prompt_tokens),
+                      (f"workload.classes.{i}.output_tokens", cls.output_tokens)]
+        files |= {f"{key}.path": dist.path for key, dist in dists if isinstance(dist, Empirical)}
+        return files
+
 
 def _models_in(annotation) -> list[type[BaseModel]]:
     """The models a field's annotation can hold (through Optional, lists, dicts and unions)."""

@@ -300,23 +300,33 @@ def scenario_from_dict(data: Any, source: str = "<scenario>", marks: dict | None
 
 
 def _check_files(scenario: Scenario, source: str, marks: dict[tuple, yaml.Mark]) -> None:
-    """Data files must exist before a run starts, not halfway through it."""
+    """Data files must exist, and be files, before a run starts, not halfway through it."""
     problems = []
-    wl = scenario.workload
-    if wl.trace is not None and not scenario.resolve(wl.trace.path).is_file():
-        problems.append(Problem(source, "workload.trace.path",
-                                f"file not found: {scenario.resolve(wl.trace.path)}"))
-    dists = [("workload.prompt_tokens", wl.prompt_tokens), ("workload.output_tokens", wl.output_tokens)]
-    for i, cls in enumerate(wl.classes or []):
-        dists += [(f"workload.classes.{i}.prompt_tokens", cls.prompt_tokens),
-                  (f"workload.classes.{i}.output_tokens", cls.output_tokens)]
-    for where, dist in dists:
-        if getattr(dist, "dist", None) == "empirical" and not scenario.resolve(dist.path).is_file():
-            problems.append(Problem(source, f"{where}.path", f"file not found: {scenario.resolve(dist.path)}"))
+    for key, path in scenario.data_files().items():
+        problem = data_file_problem(scenario.resolve(path))
+        if problem:
+            mark = _locate(tuple(key.split(".")), marks, False)
+            problems.append(Problem(source, key, problem, None if mark is None else mark.line + 1,
+                                    None if mark is None else mark.column + 1))
     if problems:
-        located = [(p, _locate(tuple(p.path.split(".")), marks, False)) for p in problems]
-        raise ScenarioError([p if m is None else Problem(p.source, p.path, p.message, m.line + 1, m.column + 1)
-                             for p, m in located])
+        raise ScenarioError(problems)
+
+
+def data_file_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be read as a data file ("file not found", "not a regular file"), or None.
+
+    A device or a pipe (``/dev/zero``, ``/dev/stdin``) is refused by name: reading one never ends
+    or consumes the input, and it is never a trace.
+    """
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return f"file not found: {path}"
+    except OSError as exc:
+        return f"cannot read {path}: {exc.strerror or exc}"
+    if not stat.S_ISREG(mode):
+        return f"not a regular file: {path}; give a CSV file"
+    return None
 
 
 def _from_command_line(problem: Problem, keys: list[str]) -> Problem:

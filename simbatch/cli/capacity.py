@@ -8,8 +8,8 @@ from pathlib import Path
 import typer
 from pydantic import ValidationError
 
-from simbatch import report
-from simbatch.cli.common import BadInput, reports_bad_input
+from simbatch import guard, report
+from simbatch.cli.common import FORCE_OPT, BadInput, reports_bad_input
 from simbatch.config import Device
 from simbatch.cost import stability
 from simbatch.loading import load_scenario
@@ -52,6 +52,7 @@ def capacity(
     mean_output_tokens: float = typer.Option(None, help="Mean output length, tokens (for the stability check)."),
     mean_prompt_tokens: float = typer.Option(None, help="Mean prompt length, tokens [default: 0]."),
     replicas: int = typer.Option(None, help="Identical engines [default: 1]."),
+    force: bool = FORCE_OPT,
 ) -> None:
     """Throughput B/τ(B) by batch size, the batch size for 50 % of the roofline, and the stability check.
 
@@ -67,6 +68,7 @@ def capacity(
     traffic = {"rate": None, "out": None, "prompt": 0.0}
     if scenario_file is not None:
         scenario = load_scenario(scenario_file)
+        guard.check_run(scenario, force)
         base, seqs, n_replicas = scenario.device, scenario.batching.max_num_seqs, scenario.cluster.replicas
         st = expected_stability(scenario, generate(scenario))
         traffic = {"rate": st.arrival_rate, "out": st.mean_output_tokens, "prompt": st.mean_prompt_tokens}

@@ -7,8 +7,8 @@ from typing import get_args
 
 import typer
 
-from simbatch import report, results
-from simbatch.cli.common import BadInput, overrides, progress, reports_bad_input
+from simbatch import guard, report, results
+from simbatch.cli.common import FORCE_OPT, BadInput, overrides, progress, reports_bad_input, warn
 from simbatch.config import Batching, Scenario
 from simbatch.loading import load_scenario
 from simbatch.simulation import Result, expected_stability, simulate
@@ -35,12 +35,15 @@ def _simulate(scenario: Scenario, label: str, total: int, quiet: bool) -> Result
 def run(scenario_file: Path = SCENARIO_ARG,
         mode: str = typer.Option(None, "--mode", metavar="MODE",
                                  help="static, dynamic or continuous (sets batching.mode)."),
-        sets: list[str] = SET_OPT, seed: str = SEED_OPT, out: Path = OUT_OPT, quiet: bool = QUIET_OPT) -> None:
+        sets: list[str] = SET_OPT, seed: str = SEED_OPT, out: Path = OUT_OPT, quiet: bool = QUIET_OPT,
+        force: bool = FORCE_OPT) -> None:
     """Simulate a scenario: stability check, result table, Little's law, and a result folder."""
     scenario = load_scenario(scenario_file, overrides(sets, **{"batching.mode": mode, "seed": seed}))
+    guard.check_run(scenario, force)
     folder = out or results.default_folder(scenario.name)
     results.check_target(folder)
     workload = generate(scenario)
+    warn(scenario, workload)
     say = (lambda text: None) if quiet else typer.echo
     say(report.stability_block(expected_stability(scenario, workload)))
     result = _simulate(scenario, scenario.batching.mode, len(workload), quiet)
@@ -49,7 +52,7 @@ def run(scenario_file: Path = SCENARIO_ARG,
         if extra:
             say(extra)
     say(report.littles_law_line(result.summary))
-    results.write_run(folder, scenario_file, result)
+    folder = results.write_run(folder, result, unique=out is None)
     typer.echo(f"Results written to {folder}" if not quiet else str(folder))
 
 
@@ -70,12 +73,13 @@ def compare(scenario_file: Path = SCENARIO_ARG,
             modes: str = typer.Option(",".join(MODES), "--modes", metavar="M1,M2,...",
                                       help="Batching modes to compare, comma-separated."),
             sets: list[str] = SET_OPT, seed: str = SEED_OPT, out: Path = OUT_OPT,
-            quiet: bool = QUIET_OPT) -> None:
+            quiet: bool = QUIET_OPT, force: bool = FORCE_OPT) -> None:
     """Run one scenario under several batching modes, on the very same requests, side by side."""
     chosen = parse_modes(modes)
     scenarios = {m: load_scenario(scenario_file, overrides(sets, **{"batching.mode": m, "seed": seed}))
                  for m in chosen}
     first = scenarios[chosen[0]]
+    guard.check_run(first, force)
     folder = out or results.default_folder(first.name, prefix="compare-")
     results.check_target(folder)
     # The workload is drawn from streams the mode never touches, so one draw serves every mode.
@@ -86,5 +90,5 @@ def compare(scenario_file: Path = SCENARIO_ARG,
     say(report.compare_table(runs))
     for m, r in runs.items():
         say(f"{m}: {report.littles_law_line(r.summary)}")
-    results.write_compare(folder, scenario_file, runs)
+    folder = results.write_compare(folder, runs, unique=out is None)
     typer.echo(f"Results written to {folder}" if not quiet else str(folder))
