@@ -84,7 +84,8 @@ def _free(base: Path) -> Path:
     return folder
 
 
-def _umask() -> int:
+def umask() -> int:
+    """The process's umask (reading it means setting it: set it straight back)."""
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
@@ -125,7 +126,7 @@ def _place(tmp: Path, folder: Path, unique: bool) -> Path:
 
 def _honour_umask(tree: Path) -> None:
     """Give ``tree`` (made by mkdtemp/mkstemp, private by design) the modes a new file would get."""
-    mask = _umask()
+    mask = umask()
     tree.chmod(0o777 & ~mask)
     for path in tree.rglob("*"):
         if path.is_dir():

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -149,7 +151,11 @@ class Executor:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if self._pool is not None:
-            # On Ctrl-C, drop what has not started; finished runs are on disk already.
+            if exc_type is not None:
+                # On Ctrl-C or SIGTERM stop now, not after the runs in progress: finished runs are on
+                # disk already. (_processes is private; Python 3.14 adds terminate_workers for this.)
+                for process in list((self._pool._processes or {}).values()):
+                    process.terminate()
             self._pool.shutdown(wait=True, cancel_futures=exc_type is not None)
             self._pool = None
         if self._client is not None:
@@ -194,11 +200,14 @@ class Executor:
 
 
 def _exit_with_parent(parent_pid: int) -> None:
-    """Run in each pool worker: exit when the sweep's process is gone.
+    """Run in each pool worker: exit when the sweep's process is gone; leave Ctrl-C to the parent.
 
     A worker outlives a parent that is killed (SIGTERM, SIGKILL, a closed terminal): it holds its
     own end of the task pipe, so it would wait for tasks forever. Finished runs are on disk already.
+    Ctrl-C reaches every process of the terminal's group: the parent handles it (and ends the
+    workers), so a worker ignores it instead of dying with a traceback mid-task.
     """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def watch() -> None:
         while os.getppid() == parent_pid:
@@ -215,7 +224,15 @@ def _outcome(i: int, future) -> tuple[int, Any, str | None]:
         return i, None, _error_text(exc)
 
 
+_ADDRESS = re.compile(r"(?:[a-z]+://)?(?:\[[0-9a-fA-F:]+\]|[^\s:/\[\]]+):\d{1,5}")
+
+
 def _dask_client(address: str):
+    # Checked here: a Client built from a malformed address fails inside, and its finaliser then
+    # prints an "Exception ignored" traceback twenty seconds later, after ours.
+    if not _ADDRESS.fullmatch(address):
+        raise ExecutorError(f"--scheduler-address {address}: not an address; give tcp://HOST:PORT, "
+                            "as `dask scheduler` prints it (e.g. tcp://10.0.0.5:8786)")
     try:
         from distributed import Client
     except ImportError:
@@ -237,7 +254,7 @@ def execute(runs: list[Run], store: Store, executor: Executor,
     records: dict[str, dict[str, Any]] = {}
     pending: dict[str, list[Run]] = {}  # runs sharing a key (a value listed twice) execute once
     for run in runs:
-        record = store.load(run.key)
+        record = store.load(run.key, run.overrides, run.seed)
         if record is None:
             pending.setdefault(run.key, []).append(run)
             continue
