@@ -123,7 +123,7 @@ def test_run_oversubscribed_prints_the_story_in_order_and_writes_the_folder(tmp_
     assert resolved == load_scenario(SCENARIOS / "oversubscribed.yaml").model_dump(mode="json")
     summary = json.loads((out / "summary.json").read_text())
     assert set(VLLM_KEYS) <= set(summary)
-    assert summary["stability"]["utilization"] == pytest.approx(5.125)
+    assert summary["stability"]["offered_load"] == pytest.approx(5.125)
     assert summary["stability"]["stable"] is False
     requests = pd.read_csv(out / "requests.csv")
     assert len(requests) == summary["num_requests"] == summary["completed"]

@@ -43,7 +43,7 @@ from simbatch.sweep.store import Store, run_key
 STABILITY_FIELDS = {"capacity_tokens_per_s": "capacity_tokens_per_s",
                     "capacity_requests_per_s": "capacity_requests_per_s",
                     "offered_tokens_per_s": "offered_tokens_per_s",
-                    "utilization": "offered_utilization"}
+                    "offered_load": "offered_load"}
 
 
 class ExecutorError(RuntimeError):
