@@ -18,6 +18,7 @@ import pandas as pd
 from simbatch.config import Device
 from simbatch.cost import Stability, batch_for_fraction, decode_throughput, roofline_tokens_per_s, step_time_s
 from simbatch.metrics.stats import describe_ms
+from simbatch.text import printable
 
 WIDTH = 50
 _LABEL = 40
@@ -138,7 +139,7 @@ def tenant_table(requests: pd.DataFrame) -> str:
         done = rows[rows["status"] == "finished"]
         ttft, e2el = describe_ms("ttft", done["ttft_s"].to_numpy()), describe_ms("e2el", done["e2e_s"].to_numpy())
         priority = ",".join(str(p) for p in sorted(rows["priority"].unique()))
-        lines.append(f"{str(tenant)[:15]:<16}{priority:>5}{len(done):>7}{int((rows['status'] == 'rejected').sum()):>9}"
+        lines.append(f"{printable(tenant, 15):<16}{priority:>5}{len(done):>7}{int((rows['status'] == 'rejected').sum()):>9}"
                      f"{_fmt(ttft['mean_ttft_ms'], 0):>12}{_fmt(ttft['p99_ttft_ms'], 0):>12}"
                      f"{_fmt(e2el['mean_e2el_ms'], 0):>12}")
     return "\n".join(lines)

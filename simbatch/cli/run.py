@@ -12,6 +12,7 @@ from simbatch.cli.common import FORCE_OPT, BadInput, overrides, progress, report
 from simbatch.config import Batching, Scenario
 from simbatch.loading import load_scenario
 from simbatch.simulation import Result, expected_stability, simulate
+from simbatch.text import printable
 from simbatch.workload import generate
 
 MODES: tuple[str, ...] = get_args(Batching.model_fields["mode"].annotation)
@@ -53,7 +54,7 @@ def run(scenario_file: Path = SCENARIO_ARG,
             say(extra)
     say(report.littles_law_line(result.summary))
     folder = results.write_run(folder, result, unique=out is None)
-    typer.echo(f"Results written to {folder}" if not quiet else str(folder))
+    typer.echo(f"Results written to {printable(folder)}" if not quiet else printable(folder))
 
 
 def parse_modes(text: str) -> list[str]:
@@ -84,6 +85,7 @@ def compare(scenario_file: Path = SCENARIO_ARG,
     results.check_target(folder)
     # The workload is drawn from streams the mode never touches, so one draw serves every mode.
     workload = generate(first)
+    warn(first, workload)
     say = (lambda text: None) if quiet else typer.echo
     say(report.stability_block(expected_stability(first, workload)))
     runs = {m: _simulate(sc, m, len(workload), quiet) for m, sc in scenarios.items()}
@@ -91,4 +93,4 @@ def compare(scenario_file: Path = SCENARIO_ARG,
     for m, r in runs.items():
         say(f"{m}: {report.littles_law_line(r.summary)}")
     folder = results.write_compare(folder, runs, unique=out is None)
-    typer.echo(f"Results written to {folder}" if not quiet else str(folder))
+    typer.echo(f"Results written to {printable(folder)}" if not quiet else printable(folder))
