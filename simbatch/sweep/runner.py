@@ -26,7 +26,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -184,8 +184,13 @@ class Executor:
         else:
             self.connect()
             index = {self._pool.submit(fn, item): i for i, item in enumerate(items)}
-            for future in as_completed(index):
-                yield _outcome(index[future], future)
+            pending = set(index)
+            while pending:
+                # Wake now and then rather than block: a signal the kernel hands to one of the pool's
+                # threads would leave a blocked main thread asleep, and Ctrl-C must act within a second.
+                done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                for future in done:
+                    yield _outcome(index[future], future)
 
     def _dask_map(self, fn, items):
         from distributed import as_completed as dask_completed
@@ -205,9 +210,12 @@ def _exit_with_parent(parent_pid: int) -> None:
     A worker outlives a parent that is killed (SIGTERM, SIGKILL, a closed terminal): it holds its
     own end of the task pipe, so it would wait for tasks forever. Finished runs are on disk already.
     Ctrl-C reaches every process of the terminal's group: the parent handles it (and ends the
-    workers), so a worker ignores it instead of dying with a traceback mid-task.
+    workers), so a worker ignores it instead of dying with a traceback mid-task. SIGTERM gets its
+    default back (the parent's handler, inherited through fork, would turn it into an exception the
+    pool reports as a result): it is how the parent ends a worker.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     def watch() -> None:
         while os.getppid() == parent_pid:

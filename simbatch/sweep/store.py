@@ -86,6 +86,12 @@ class Store:
         except (OSError, ValueError) as exc:
             raise StoreError(f"--out {self.out}: cannot read {MANIFEST} ({exc}); choose another --out") \
                 from None
+        data_then, data_now = old.get("data_sha256", {}), self.manifest.get("data_sha256", {})
+        changed_files = [f for f in data_now if f in data_then and data_then[f] != data_now[f]]
+        if changed_files:
+            raise StoreError(f"--out {self.out}: {changed_files[0]} changed since the runs in it were made "
+                             "(its sha256 differs), so they would mix with new ones; delete the folder to "
+                             "recompute, or choose another --out")
         if old != self.manifest:
             changed = "; ".join(_differences(old, self.manifest))
             raise StoreError(f"--out {self.out}: holds runs made with other arguments ({changed}); "

@@ -38,7 +38,7 @@ def read_table(path: Path, where: str) -> pd.DataFrame:
         raise fail(path, where, "the file is empty; expected a header line and at least one data row") from None
     except pd.errors.ParserError as exc:
         found = re.search(r"line (\d+)", str(exc))
-        raise fail(path, where, f"not a well-formed CSV file: {exc}",
+        raise fail(path, where, f"not a well-formed CSV file: {str(exc).strip()}",
                    int(found.group(1)) if found else None) from None
     except UnicodeDecodeError as exc:
         raise fail(path, where, f"not a text file (byte {exc.object[exc.start]:#04x} at offset {exc.start} is not "
