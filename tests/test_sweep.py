@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import shutil
 import sys
 from pathlib import Path
 
@@ -240,12 +241,24 @@ def test_a_restart_runs_only_what_is_missing_and_gives_the_same_csv(cli, scenari
         (out / POINTS / path.name).write_text(path.read_text())
     (out / POINTS / ".x.json.tmp").write_text("{half a rec")  # what a kill mid-write leaves: ignored
     calls = count_simulations(monkeypatch)
-    sweep(cli, scenario_file, out, *GRID, "--replications", "3", "--workers", "1")
-    assert len(calls) == 3
+    result = sweep(cli, scenario_file, out, *GRID, "--replications", "3", "--workers", "1")
+    assert len(calls) == 3 and "resumed 9 of 12 points" in result.stdout
     assert (out / "summary.csv").read_bytes() == (local_sweep / "summary.csv").read_bytes()
     calls.clear()
     sweep(cli, scenario_file, out, *GRID, "--replications", "3", "--workers", "1")
     assert calls == []
+
+
+def test_an_extended_sweep_reuses_the_runs_it_has(cli, scenario_file, local_sweep, tmp_path, monkeypatch, no_plots):
+    out = tmp_path / "extended"
+    shutil.copytree(local_sweep, out)
+    calls = count_simulations(monkeypatch)
+    # One more rate (6 points, not 4) and a fourth replication: 24 runs, of which the 12 made before are kept.
+    result = sweep(cli, scenario_file, out, "--param", "workload.arrival.rate=4,16,32", "--param",
+                   "batching.mode=static,continuous", "--replications", "4", "--workers", "1")
+    assert len(calls) == 12 and "resumed 12 of 24 points" in result.stdout
+    frame = pd.read_csv(out / "summary.csv")
+    assert len(frame) == 6 and (frame["replications"] == 4).all()
 
 
 def test_a_restart_with_other_arguments_is_refused(cli, scenario_file, local_sweep):
