@@ -61,7 +61,8 @@ def safe_name(label: str) -> str:
     The name is a label, not a path: ``../../x``, ``/etc`` or a NUL byte must not steer where
     results go. Anything else becomes ``_``; leading dots go (no hidden folders, no ``..``).
     """
-    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", label).lstrip(".")[:_NAME_LENGTH].strip("_")
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+|\.{2,}", "_", label)
+    cleaned = re.sub(r"_+", "_", cleaned).strip("._-")[:_NAME_LENGTH].strip("._-")
     return cleaned or "scenario"
 
 
@@ -149,6 +150,8 @@ def atomic_folder(folder: Path, unique: bool = False) -> Iterator[Target]:
     On any error or interruption the temporary folder is removed and the error propagates
     (``OSError`` as :class:`OutputError`); ``folder`` is never left half-written.
     """
+    if unique:
+        folder = _free(folder)
     check_target(folder)
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
@@ -236,6 +239,11 @@ def effective_scenario(scenario: Scenario) -> dict:
     nor on defaults that a later simbatch might change.
     """
     data = scenario.model_dump(mode="python")
+    if scenario.workload.trace is not None:
+        # A trace gives arrivals and lengths; spelling out their unused defaults would make the file
+        # invalid (the loader refuses settings a trace ignores).
+        for key in ("arrival", "prompt_tokens", "output_tokens"):
+            data["workload"].pop(key)
     for key, path in scenario.data_files().items():
         node = data
         *parents, last = key.split(".")
