@@ -17,7 +17,8 @@ Layout of one run::
     iterations.csv         one row per run of steps (+ iterations.parquet)
     plots/*.png
 
-A comparison holds one such folder per mode (without plots) and overlay plots at the top.
+A comparison holds one such folder per mode (without plots) and overlay plots at the top; its
+``scenario.yaml`` is the first mode's (``simbatch compare`` sets the mode of each column itself).
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from simbatch.text import printable
+
 if TYPE_CHECKING:
     from simbatch.sweep.runner import Executor
 
@@ -136,7 +138,7 @@ def sweep(
                f"{len(failed)} failed")
     for _, row in failed.iterrows():
         point = ", ".join(f"{p.key}={row[p.key]}" for p in plan.params)
-        typer.echo(f"  failed: {point}: {row['error']}", err=True)
+        typer.echo(printable(f"  failed: {point}: {row['error']}"), err=True)
     for path in [plan.out / "summary.csv", *plots]:
         typer.echo(f"wrote {path}")
     if plots and "request_goodput_mean" not in frame:
@@ -195,7 +197,7 @@ def capacity_search(
     typer.echo(f"wrote {plan.out / 'capacity.csv'}")
     unanswered = frame[frame["error"] != ""]
     for error in unanswered["error"]:
-        typer.echo(f"  no answer: {error}", err=True)
+        typer.echo(printable(f"  no answer: {error}"), err=True)
     if len(unanswered):
         raise typer.Exit(1)
 
