@@ -58,6 +58,12 @@ def test_sweep_stops_its_workers_within_a_second(tmp_path, signum, code):
     assert workers.stdout == b""
 
 
+def test_ctrl_c_while_the_command_starts(tmp_path):
+    # A third of a second in, Python is importing simbatch's machinery: that, too, is an interruption.
+    returncode, err, took = _signalled(["validate", str(SCENARIOS / "stable.yaml")], tmp_path, signal.SIGINT, 0.3)
+    assert (returncode, err) == (130, "interrupted\n") and took < 1.0, (returncode, err, took)
+
+
 @pytest.mark.parametrize("stop", [KeyboardInterrupt, Terminated])
 def test_an_interrupted_folder_is_removed(tmp_path, stop):
     with pytest.raises(stop), atomic_folder(tmp_path / "run") as target:
