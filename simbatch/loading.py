@@ -153,7 +153,7 @@ def _check_shape(text: str, source: str) -> None:
 
 
 def _check_tree(root: yaml.Node, source: str) -> None:
-    """Refuse duplicate keys (naming both places) and documents whose aliases expand past MAX_NODES.
+    """Refuse documents whose aliases expand past MAX_NODES, or contain themselves.
 
     A node reached through several aliases is counted once per path, as the validated mapping holds
     it; counts are memoised per node, so this costs one visit per node whatever the expansion.
@@ -178,24 +178,35 @@ def _check_tree(root: yaml.Node, source: str) -> None:
         if id(node) in open_:
             raise _yaml_problem(source, "an alias refers to a value that contains it; "
                                         "a scenario cannot be infinitely deep", node.start_mark)
-        if isinstance(node, yaml.MappingNode):
-            seen: dict[str, yaml.Mark] = {}
-            for key, _ in node.value:
-                if isinstance(key, yaml.ScalarNode) and key.value in seen:
-                    first = seen[key.value]
-                    raise _yaml_problem(source, f"duplicate key {key.value!r} (first at line {first.line + 1}, "
-                                                f"column {first.column + 1}); keep one of them", key.start_mark)
-                if isinstance(key, yaml.ScalarNode):
-                    seen[key.value] = key.start_mark
         open_.add(id(node))
         stack.append((node, True))
         stack.extend((c, False) for c in children if id(c) not in sizes)
 
 
+def _check_duplicates(node: yaml.Node, source: str, path: tuple[str, ...] = ()) -> None:
+    """A key given twice in one mapping is an error naming both places (YAML would keep the last
+    silently). Runs after :func:`_check_tree`, so the tree is known to be small and finite."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, yaml.Mark] = {}
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode):
+                if key.value in seen:
+                    first = seen[key.value]
+                    raise ScenarioError([Problem(
+                        source, ".".join((*path, key.value)), f"duplicate key (first at line {first.line + 1}, "
+                        f"column {first.column + 1}); keep one of them", key.start_mark.line + 1,
+                        key.start_mark.column + 1)])
+                seen[key.value] = key.start_mark
+            _check_duplicates(value, source, (*path, str(key.value)))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _check_duplicates(item, source, (*path, str(i)))
+
+
 def read_yaml(text: str, source: str) -> tuple[yaml.Node | None, Any]:
     """(composed tree, plain data) of a scenario's text, or ScenarioError with file:line:col.
 
-    Guards first (NUL bytes, depth, aliases, duplicate keys), so that no input can exhaust memory,
+    Guards first (NUL bytes, depth, aliases, then duplicate keys), so that no input can exhaust memory,
     the stack or the user's patience; then the tree is constructed once, sharing what aliases share.
     """
     try:
@@ -205,6 +216,7 @@ def read_yaml(text: str, source: str) -> tuple[yaml.Node | None, Any]:
             node = loader.get_single_node()
             if node is not None:
                 _check_tree(node, source)
+                _check_duplicates(node, source)
             data = None if node is None else loader.construct_document(node)
         finally:
             loader.dispose()
