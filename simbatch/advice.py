@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simbatch.config import Scenario
+from simbatch.config import Batching, Scenario
 from simbatch.engine import rejection_reasons
 from simbatch.router import replica_scenarios
 from simbatch.workload import WorkloadArrays
@@ -37,8 +37,26 @@ def _rejected_everywhere(scenario: Scenario, workload: WorkloadArrays) -> str | 
     return f"every request would be rejected ({main}): {fixes[main]}"
 
 
-def advisories(scenario: Scenario, workload: WorkloadArrays) -> list[str]:
-    """One line per setting that has no effect here, or per reason nothing would be served."""
+def _unused_mode_knobs(batching: Batching) -> list[str]:
+    """Settings of another batching mode than the one that runs."""
+    out = []
+    if batching.max_wait_ms is not None and batching.mode != "static":
+        out.append(f"batching.max_wait_ms has no effect in {batching.mode} mode (static only); "
+                   "dynamic batching uses max_queue_delay_ms")
+    if "max_queue_delay_ms" in batching.model_fields_set and batching.mode != "dynamic":
+        out.append(f"batching.max_queue_delay_ms has no effect in {batching.mode} mode (dynamic only)")
+    if batching.long_prefill_token_threshold is not None and batching.mode != "continuous":
+        out.append(f"batching.long_prefill_token_threshold has no effect in {batching.mode} mode "
+                   "(continuous only)")
+    return out
+
+
+def advisories(scenario: Scenario, workload: WorkloadArrays, mode_fixed: bool = True) -> list[str]:
+    """One line per setting that has no effect here, or per reason nothing would be served.
+
+    ``mode_fixed``: the batching mode is the scenario's (``run``). A scenario checked for
+    ``compare`` (or by ``validate``, which cannot know) keeps each mode's knobs without a warning.
+    """
     out = []
     rejected = _rejected_everywhere(scenario, workload)
     if rejected:
@@ -59,14 +77,8 @@ def advisories(scenario: Scenario, workload: WorkloadArrays) -> list[str]:
     if unknown:
         out.append(f"scheduler.tenant_weights names {', '.join(map(repr, unknown))}, which no class of "
                    f"workload.classes is called (tenants: {', '.join(map(repr, workload.tenant_names))})")
-    if batching.max_wait_ms is not None and batching.mode != "static":
-        out.append(f"batching.max_wait_ms has no effect in {batching.mode} mode (static only); "
-                   "dynamic batching uses max_queue_delay_ms")
-    if "max_queue_delay_ms" in batching.model_fields_set and batching.mode != "dynamic":
-        out.append(f"batching.max_queue_delay_ms has no effect in {batching.mode} mode (dynamic only)")
-    if batching.long_prefill_token_threshold is not None and batching.mode != "continuous":
-        out.append(f"batching.long_prefill_token_threshold has no effect in {batching.mode} mode "
-                   "(continuous only)")
+    if mode_fixed:
+        out += _unused_mode_knobs(batching)
     if scenario.kv_cache.swap_blocks and sched.preemption != "swap":
         out.append("kv_cache.swap_blocks has no effect with preemption: recompute; set preemption: swap")
     return out

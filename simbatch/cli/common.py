@@ -129,11 +129,11 @@ def reports_bad_input(command: Callable) -> Callable:
     return wrapper
 
 
-def warn(scenario: Scenario, workload) -> None:
+def warn(scenario: Scenario, workload, mode_fixed: bool = True) -> None:
     """Print each of :func:`simbatch.advice.advisories` as a ``warning:`` line on stderr."""
     from simbatch.advice import advisories  # the engine's rules; imported when a command needs them
 
-    for line in advisories(scenario, workload):
+    for line in advisories(scenario, workload, mode_fixed):
         typer.echo(f"warning: {printable(line)}", err=True)
 
 

@@ -23,7 +23,7 @@ def validate(scenario_file: Path = SCENARIO_ARG, sets: list[str] = SET_OPT, forc
     scenario = load_scenario(scenario_file, sets)
     guard.check_run(scenario, force)
     workload = generate(scenario)  # reads and checks traces and length files row by row
-    warn(scenario, workload)
+    warn(scenario, workload, mode_fixed=False)  # the scenario may be meant for `compare`
     st = expected_stability(scenario, workload)
     typer.echo(f"{printable(scenario_file)}: OK: {len(workload):,} requests, {scenario.batching.mode} batching; "
                f"{st.verdict}")

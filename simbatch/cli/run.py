@@ -85,7 +85,7 @@ def compare(scenario_file: Path = SCENARIO_ARG,
     results.check_target(folder)
     # The workload is drawn from streams the mode never touches, so one draw serves every mode.
     workload = generate(first)
-    warn(first, workload)
+    warn(first, workload, mode_fixed=False)
     say = (lambda text: None) if quiet else typer.echo
     say(report.stability_block(expected_stability(first, workload)))
     runs = {m: _simulate(sc, m, len(workload), quiet) for m, sc in scenarios.items()}
