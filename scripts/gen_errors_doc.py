@@ -24,6 +24,9 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+from simbatch import guard, loading
+from simbatch.sweep import grid
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "errors.md"
 
@@ -197,12 +200,12 @@ The other ways a command ends early:
 ## Size limits
 
 Before anything is drawn, the command estimates what the run will hold in memory, from measured
-costs (`simbatch/guard.py`, checked by `tests/test_guard.py`): about 2,000 bytes per request and
-10,000 per replica. A run estimated above **4 GB** (about two million requests), or a sweep of more
-than **10,000 runs** (grid points x replications), is refused with the estimate; pass `--force` to
-run it anyway, or lower the setting. One range in `--param` may expand to at most 100,000 values.
-A scenario file may be at most 1 MB, nested at most 32 levels, and expand to at most 100,000 values
-with its aliases.
+costs (`simbatch/guard.py`, checked by `tests/test_guard.py`): about {per_request:,} bytes per request
+and {per_replica:,} per replica. A run estimated above **{max_gb:g} GB** (about {max_requests:,}
+requests), or a sweep of more than **{max_runs:,} runs** (grid points x replications), is refused with
+the estimate; pass `--force` to run it anyway, or lower the setting. One range in `--param` may
+expand to at most {max_values:,} values. A scenario file may be at most {max_file:,} bytes, nested at
+most {max_depth} levels, and expand to at most {max_nodes:,} values with its aliases.
 
 ## Every case
 
@@ -226,7 +229,11 @@ def render(outcomes: dict[str, Outcome] | None = None) -> str:
         line = outcome.stderr.strip().splitlines()[-1] if outcome.stderr.strip() else ""
         command = "simbatch " + " ".join(case.args) + (" > /dev/full" if case.subprocess else "")
         rows.append(f"| {_cell(case.kind)} | `{_cell(command)}` | {outcome.exit_code} | {_cell(line)} |")
-    return HEADER + "\n".join(rows) + "\n"
+    limits = {"per_request": guard.BYTES_PER_REQUEST, "per_replica": guard.BYTES_PER_REPLICA,
+              "max_gb": guard.MAX_BYTES / 1e9, "max_requests": int(guard.MAX_BYTES // guard.BYTES_PER_REQUEST),
+              "max_runs": guard.MAX_RUNS, "max_values": grid.MAX_VALUES, "max_file": loading.MAX_SCENARIO_BYTES,
+              "max_depth": loading.MAX_DEPTH, "max_nodes": loading.MAX_NODES}
+    return HEADER.format(**limits) + "\n".join(rows) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
