@@ -78,7 +78,7 @@ def utilization(name: str) -> float:
     if scenario.workload.num_requests > 100_000:
         scenario = scenario.model_copy(update={"workload": scenario.workload.model_copy(
             update={"num_requests": 100_000})})
-    return expected_stability(scenario, generate(scenario)).utilization
+    return expected_stability(scenario, generate(scenario)).offered_load
 
 
 def verdicts(r: dict) -> list[tuple[str, str, bool]]:

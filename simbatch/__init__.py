@@ -1,9 +1,24 @@
-"""simbatch: a discrete-event simulator of LLM inference batching and scheduling."""
+"""simbatch: a discrete-event simulator of LLM inference batching and scheduling.
 
-from simbatch.config import Scenario
-from simbatch.loading import ScenarioError, load_scenario
-from simbatch.simulation import Result, simulate
+The names below are imported on first use (PEP 562), so ``import simbatch`` itself costs nothing:
+the command line then imports its machinery where an interruption can still be reported cleanly.
+"""
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
+_HOME = {"Scenario": "simbatch.config", "ScenarioError": "simbatch.loading", "load_scenario": "simbatch.loading",
+         "Result": "simbatch.simulation", "simulate": "simbatch.simulation"}
+
 __all__ = ["Result", "Scenario", "ScenarioError", "load_scenario", "simulate", "__version__"]
+
+
+def __getattr__(name: str):
+    if name not in _HOME:
+        raise AttributeError(f"module 'simbatch' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOME[name]), name)
+    globals()[name] = value
+    return value

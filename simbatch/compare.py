@@ -139,15 +139,20 @@ def load_sources(paths: list[Path]) -> dict[str, Source]:
     return out
 
 
-def write_sources(folder: Path, paths: list[Path], sources: dict[str, Source], with_plots: bool = True) -> Path:
-    """A comparison of existing runs: ``sources.json`` (label -> path), ``summary.json``, overlay plots."""
+def write_sources(folder: Path, paths: list[Path], sources: dict[str, Source], with_plots: bool = True,
+                  unique: bool = False) -> Path:
+    """A comparison of existing runs: ``sources.json`` (label -> path), ``summary.json``, overlay plots.
+
+    Returns where it went (``unique``: ``folder`` is a default name, another free one will do).
+    """
     from simbatch import plots, results
 
-    with results.atomic_folder(folder) as tmp:
+    with results.atomic_folder(folder, unique) as target:
+        tmp = target.tmp
         for name, data in (("sources.json", {label: str(p) for label, p in zip(sources, paths, strict=True)}),
                            ("summary.json", {label: s.summary for label, s in sources.items()})):
             (tmp / name).write_text(json.dumps(results.json_safe(data), indent=2) + "\n", encoding="utf-8")
         if with_plots:
             (tmp / "plots").mkdir()
             plots.save_compare_plots(tmp / "plots", sources)
-    return folder
+    return target.folder

@@ -7,20 +7,32 @@ Models forbid unknown keys, so a typo in a scenario is an error, never a silent 
 
 from __future__ import annotations
 
+import difflib
 import math
 from pathlib import Path
 from typing import Annotated, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+MAX_TOKENS = 10_000_000
+"""The longest prompt or output a length may have: ten times the longest context windows there are.
+A larger value is a typo (an exponent too many), and would make every figure derived from it absurd."""
+
+MAX_RATE = 1e6
+"""The highest finite arrival rate, requests/s: a thousand times a large fleet's; above it, a typo."""
 
 PosInt = Annotated[int, Field(gt=0, strict=True)]
 NonNegInt = Annotated[int, Field(ge=0, strict=True)]
 PosFloat = Annotated[float, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
+Tokens = Annotated[int, Field(gt=0, le=MAX_TOKENS, strict=True)]
+MeanTokens = Annotated[float, Field(gt=0, le=MAX_TOKENS)]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # Every number is finite: an infinity or NaN is a typo that would surface much later, in a plot
+    # or a verdict. The one setting where infinity means something (rate: inf) says so itself.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 # --------------------------------------------------------------------------- lengths
@@ -28,15 +40,15 @@ class Fixed(_Model):
     """Every request has the same length."""
 
     dist: Literal["fixed"] = "fixed"
-    value: PosInt = Field(description="The length, in tokens.")
+    value: Tokens = Field(description="The length, in tokens.")
 
 
 class Uniform(_Model):
     """Integer lengths uniform on [low, high], both ends included."""
 
     dist: Literal["uniform"]
-    low: PosInt = Field(description="Smallest length, tokens.")
-    high: PosInt = Field(description="Largest length, tokens.")
+    low: Tokens = Field(description="Smallest length, tokens.")
+    high: Tokens = Field(description="Largest length, tokens.")
 
     @model_validator(mode="after")
     def _ordered(self) -> Uniform:
@@ -49,7 +61,7 @@ class Choice(_Model):
     """A weighted choice among listed lengths."""
 
     dist: Literal["choice"]
-    values: list[PosInt] = Field(min_length=1, description="The possible lengths, tokens.")
+    values: list[Tokens] = Field(min_length=1, description="The possible lengths, tokens.")
     weights: list[PosFloat] | None = Field(
         default=None, description="Relative weights, one per value; equal when omitted."
     )
@@ -65,17 +77,17 @@ class Exponential(_Model):
     """Geometric-like heavy tail: ceil of an exponential draw with this mean, optionally capped."""
 
     dist: Literal["exponential"]
-    mean: PosFloat = Field(description="Mean of the underlying exponential, tokens.")
-    max: PosInt | None = Field(default=None, description="Cap, tokens (lengths above it are clipped).")
+    mean: MeanTokens = Field(description="Mean of the underlying exponential, tokens.")
+    max: Tokens | None = Field(default=None, description="Cap, tokens (lengths above it are clipped).")
 
 
 class LogNormal(_Model):
     """Lognormal lengths with the given mean; sigma is the std of log-length."""
 
     dist: Literal["lognormal"]
-    mean: PosFloat = Field(description="Mean length, tokens (before rounding and capping).")
+    mean: MeanTokens = Field(description="Mean length, tokens (before rounding and capping).")
     sigma: PosFloat = Field(description="Standard deviation of log(length).")
-    max: PosInt | None = Field(default=None, description="Cap, tokens.")
+    max: Tokens | None = Field(default=None, description="Cap, tokens.")
 
 
 class Zipf(_Model):
@@ -83,8 +95,8 @@ class Zipf(_Model):
 
     dist: Literal["zipf"]
     a: PosFloat = Field(description="Exponent.")
-    min: PosInt = Field(default=1, description="Smallest length, tokens.")
-    max: Annotated[int, Field(gt=0, le=10_000_000, strict=True)] = Field(description="Largest length, tokens.")
+    min: Tokens = Field(default=1, description="Smallest length, tokens.")
+    max: Tokens = Field(description="Largest length, tokens.")
 
     @model_validator(mode="after")
     def _ordered(self) -> Zipf:
@@ -141,10 +153,21 @@ class Arrival(_Model):
         description="poisson: exponential gaps; gamma: gamma gaps with shape `burstiness` "
         "(CV = 1/sqrt(burstiness), as in `vllm bench serve`); constant: equal gaps.",
     )
-    rate: float = Field(default=1.0, gt=0, description="Mean arrival rate, requests/s; `inf` sends all at t=0.")
+    rate: float = Field(default=1.0, gt=0, allow_inf_nan=True,
+                        description="Mean arrival rate, requests/s; `inf` sends all at t=0.")
     burstiness: PosFloat = Field(
         default=1.0, description="Gamma shape; 1 is Poisson, <1 burstier, >1 smoother (gamma only)."
     )
+
+    @field_validator("rate")
+    @classmethod
+    def _plausible(cls, rate: float) -> float:
+        if math.isnan(rate):
+            raise ValueError("rate is NaN; give requests/s, or inf to send every request at t=0")
+        if math.isfinite(rate) and rate > MAX_RATE:
+            raise ValueError(f"rate {rate:.3g} requests/s is beyond any fleet (at most {MAX_RATE:,.0f}); "
+                             "use inf to send every request at t=0")
+        return rate
 
 
 class RequestClass(_Model):
@@ -517,6 +540,42 @@ class Scenario(_Model):
         if path.is_absolute() or self._base_dir is None:
             return path
         return self._base_dir / path
+
+    def data_files(self) -> dict[str, Path]:
+        """Every data file the scenario reads, by the dotted key naming it: ``{"workload.trace.path": ...}``.
+
+        Paths are as written in the scenario (see :meth:`resolve` for where they point).
+        """
+        wl = self.workload
+        files = {} if wl.trace is None else {"workload.trace.path": wl.trace.path}
+        dists = [("workload.prompt_tokens", wl.prompt_tokens), ("workload.output_tokens", wl.output_tokens)]
+        for i, cls in enumerate(wl.classes or []):
+            dists += [(f"workload.classes.{i}.prompt_tokens", cls.prompt_tokens),
+                      (f"workload.classes.{i}.output_tokens", cls.output_tokens)]
+        files |= {f"{key}.path": dist.path for key, dist in dists if isinstance(dist, Empirical)}
+        return files
+
+
+def _models_in(annotation) -> list[type[BaseModel]]:
+    """The models a field's annotation can hold (through Optional, lists, dicts and unions)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
+
+
+def suggestion(loc: tuple) -> str | None:
+    """For an unknown key at pydantic location ``loc``, the closest known key there, if one is close.
+
+    The location is followed through the models; list indexes and union tags are stepped over.
+    """
+    models: list[type[BaseModel]] = [Scenario]
+    for part in loc[:-1]:
+        fields = {name: f for m in models for name, f in m.model_fields.items()}
+        if isinstance(part, str) and part in fields:
+            models = _models_in(fields[part].annotation)
+    known = {name for m in models for name in m.model_fields}
+    close = difflib.get_close_matches(str(loc[-1]), sorted(known), n=1, cutoff=0.75)
+    return close[0] if close else None
 
 
 def replica_scenarios(scenario: Scenario) -> list[Scenario]:

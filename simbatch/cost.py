@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from simbatch.config import Device
 
 if TYPE_CHECKING:
@@ -92,89 +94,164 @@ def peak_kv_tokens(prompt_tokens: int, output_tokens: int) -> int:
     return prompt_tokens + (output_tokens > 0) * (output_tokens - 1)
 
 
+def mean_blocks_held(prompt_tokens: np.ndarray, output_tokens: np.ndarray, block_size: int) -> float:
+    """KV blocks held by a running request, on average over the running set, counting growth.
+
+    While request ``i`` emits its ``O`` tokens it holds ``P``, then ``P + 1``, ... ``P + O - 1`` tokens
+    (see :func:`peak_kv_tokens`), one step each: ``S_i = sum_{k=P}^{P+O-1} ceil(k / bs)`` block-steps.
+    A request stays in the batch for ``O`` steps, so a snapshot of the batch holds requests in
+    proportion to their output length, and the mean blocks held per running request is
+    ``sum_i S_i / sum_i O_i``, not the mean of the peaks (too high) nor of the prompts (too low).
+    ``S_i`` has a closed form, ``F(P+O-1) - F(P-1)`` with ``F(n) = sum_{k=1}^n ceil(k/bs)
+    = bs q (q+1)/2 + r (q+1)`` for ``n = q bs + r``.
+    """
+    def f(n: np.ndarray) -> np.ndarray:
+        q, r = np.divmod(n.astype(np.float64), block_size)
+        return block_size * q * (q + 1) / 2 + r * (q + 1)
+
+    prompt, output = np.asarray(prompt_tokens), np.asarray(output_tokens)
+    total_steps = output.sum(dtype=np.float64)
+    if total_steps == 0:
+        return 0.0
+    return float((f(prompt + output - 1) - f(prompt - 1)).sum() / total_steps)
+
+
+def memory_batch(num_blocks: int, blocks_held: float) -> float:
+    """The running requests the KV cache holds at once: num_blocks / mean blocks held per request."""
+    return math.inf if blocks_held == 0 else num_blocks / blocks_held
+
+
 @dataclass(frozen=True)
 class Stability:
-    """The stability check: offered work against what the device can deliver at full batch."""
+    """The stability check: offered work against what the device can deliver at full batch.
+
+    The full batch is the smaller of the slots (``max_num_seqs``) and the batch the KV memory holds
+    (:func:`memory_batch`); ``limited_by`` says which binds. With admission control (a waiting cap),
+    an overloaded server does not queue without bound: it turns away the excess, about ``1 - 1/rho``
+    of arrivals (only ``capacity`` of every ``lambda`` requests/s can be served).
+    """
 
     arrival_rate: float  # requests/s
     mean_output_tokens: float
     mean_prompt_tokens: float
-    batch_size: int  # B_max, the running slots
+    batch_size: float  # B, the full batch: min(slots, memory batch) (a mixed fleet: the replicas' mean)
     offered_tokens_per_s: float  # lambda * E[output]
-    capacity_tokens_per_s: float  # B_max / tau(B_max), decode only
-    utilization: float  # rho: device-seconds demanded per second, decode and prefill
+    capacity_tokens_per_s: float  # B / tau(B), decode only
+    offered_load: float  # rho: device-seconds demanded per device-second, decode and prefill
     capacity_requests_per_s: float  # the arrival rate at which rho = 1
     unloaded_latency_s: float  # W at no queueing: prefill + output tokens at the full-batch step time
     demanded_concurrency: float  # Little's law L = lambda * W at the unloaded latency
     replicas: int = 1
+    slots: float = 0  # max_num_seqs (a mixed fleet: the replicas' mean)
+    memory_batch: float = math.inf  # num_blocks / mean blocks held per running request
+    admission_control: bool = False  # max_waiting or max_in_flight: the excess is rejected, not queued
 
     @property
     def stable(self) -> bool:
-        return self.utilization < 1.0
+        return self.offered_load < 1.0
+
+    @property
+    def limited_by(self) -> str:
+        """Which limit sets the full batch: "slots" (max_num_seqs) or "memory" (the KV cache)."""
+        return "memory" if self.memory_batch < self.slots else "slots"
+
+    @property
+    def shed_fraction(self) -> float:
+        """The share of arrivals an overloaded server with admission control rejects: 1 - 1/rho."""
+        return max(0.0, 1.0 - 1.0 / self.offered_load) if self.offered_load > 0 else 0.0
+
+    @property
+    def replicas_needed(self) -> float:
+        """The fewest replicas like these that carry the traffic (rho < 1): floor(rho x replicas) + 1
+        (infinite for rate: inf, everything at once, which no fleet carries as a steady stream)."""
+        load = self.offered_load * self.replicas
+        return math.inf if not math.isfinite(load) else math.floor(load) + 1
 
     @property
     def verdict(self) -> str:
+        limit = " (KV memory limits the batch)" if self.limited_by == "memory" else ""
         if self.stable:
-            return f"stable (utilization {self.utilization:.0%})"
-        # Two decimals near 1, so that 1.02x does not read as a harmless "1.0x".
-        factor = f"{self.utilization:.1f}" if self.utilization >= 1.1 else f"{self.utilization:.2f}"
-        return (f"oversubscribed {factor}×: the waiting queue grows without bound; "
-                "add replicas, make tokens cheaper, or shed load")
+            return f"stable (offered load {self.offered_load:.0%}){limit}"
+        rho = self.offered_load
+        # Two decimals near 1, so that 1.02x does not read as a harmless "1.0x"; three figures far above.
+        factor = f"{rho:.2f}" if rho < 1.1 else f"{rho:.1f}" if rho < 1000 else f"{rho:.3g}"
+        need = self.replicas_needed
+        fix = (f"{need:,} replicas would carry it" if need <= 100_000 else
+               "more replicas finish it sooner" if math.isinf(need) else "no fleet of a sane size carries it")
+        if self.admission_control:
+            return (f"overloaded {factor}×{limit}: shedding about {self.shed_fraction:.0%} of requests (429s); "
+                    f"{fix}, or make tokens cheaper")
+        return (f"oversubscribed {factor}×{limit}: the waiting queue grows without bound; "
+                f"{fix}, or make tokens cheaper, or shed load")
 
 
 def stability(device: Device, batch_size: int, arrival_rate: float, mean_output_tokens: float,
-              mean_prompt_tokens: float = 0.0, replicas: int = 1) -> Stability:
+              mean_prompt_tokens: float = 0.0, replicas: int = 1, memory_batch: float = math.inf,
+              admission_control: bool = False) -> Stability:
     """Offered load against capacity for ``replicas`` engines of ``batch_size`` slots.
 
-    Each output token occupies one slot of a full-batch step, tau(B)/B device-seconds; each prompt
-    token costs gamma on top. Utilization rho = lambda (E[out] tau(B)/B + gamma E[prompt]) / replicas.
-    With gamma = 0 this is the chapter's token-rate inequality lambda E[out] < B / tau(B).
+    The full batch is ``B = min(batch_size, memory_batch)`` (see :func:`memory_batch`). Each output
+    token occupies one slot of a full-batch step, tau(B)/B device-seconds; each prompt token costs
+    gamma on top. Offered load rho = lambda (E[out] tau(B)/B + gamma E[prompt]) / replicas. With
+    gamma = 0 and no memory limit this is the chapter's token-rate inequality lambda E[out] < B / tau(B).
     """
-    tau_full = step_time_s(device, batch_size)
-    per_request_s = mean_output_tokens * tau_full / batch_size + device.prefill_ms_per_token * mean_prompt_tokens / 1e3
+    full = min(batch_size, memory_batch)
+    tau_full = step_time_s(device, full)
+    per_request_s = (math.inf if full == 0 else mean_output_tokens * tau_full / full) + \
+        device.prefill_ms_per_token * mean_prompt_tokens / 1e3
     rho = arrival_rate * per_request_s / replicas
-    unloaded = step_time_s(device, batch_size, 0) * mean_output_tokens + \
+    unloaded = step_time_s(device, full, 0) * mean_output_tokens + \
         device.prefill_ms_per_token * mean_prompt_tokens / 1e3
     return Stability(
         arrival_rate=arrival_rate,
         mean_output_tokens=mean_output_tokens,
         mean_prompt_tokens=mean_prompt_tokens,
-        batch_size=batch_size,
+        batch_size=full,
         offered_tokens_per_s=arrival_rate * mean_output_tokens,
-        capacity_tokens_per_s=replicas * decode_throughput(device, batch_size),
-        utilization=rho,
+        capacity_tokens_per_s=replicas * decode_throughput(device, full),
+        offered_load=rho,
         capacity_requests_per_s=math.inf if per_request_s == 0 else replicas / per_request_s,
         unloaded_latency_s=unloaded,
         demanded_concurrency=arrival_rate * unloaded,
         replicas=replicas,
+        slots=batch_size,
+        memory_batch=memory_batch,
+        admission_control=admission_control,
     )
 
 
-def fleet_stability(replicas: Sequence[tuple[Device, int]], arrival_rate: float, mean_output_tokens: float,
-                    mean_prompt_tokens: float = 0.0) -> Stability:
-    """:func:`stability` for a fleet, one ``(device, batch_size)`` per replica, alike or not.
+def fleet_stability(replicas: Sequence[tuple[Device, int] | tuple[Device, int, float]], arrival_rate: float,
+                    mean_output_tokens: float, mean_prompt_tokens: float = 0.0,
+                    admission_control: bool = False) -> Stability:
+    """:func:`stability` for a fleet, one ``(device, slots[, memory_batch])`` per replica, alike or not.
 
-    Capacities add: the fleet serves the sum of its replicas' requests/s, and its utilization is
-    lambda over that sum. That is every replica's utilization when the router splits traffic in
+    Capacities add: the fleet serves the sum of its replicas' requests/s, and its offered load is
+    lambda over that sum. That is every replica's offered load when the router splits traffic in
     proportion to capacity, the best split there is: at rho >= 1 no router keeps up. For a mixed
-    fleet ``batch_size`` is the mean of the replicas' slots, and the unloaded latency the mean of
-    theirs weighted by that traffic share. Alike replicas give exactly ``stability(..., replicas=N)``.
+    fleet ``batch_size``, ``slots`` and ``memory_batch`` are means over the replicas, and the
+    unloaded latency the mean of theirs weighted by that traffic share. Alike replicas give exactly
+    ``stability(..., replicas=N)``.
     """
-    device, batch_size = replicas[0]
-    if all(d == device and b == batch_size for d, b in replicas):
-        return stability(device, batch_size, arrival_rate, mean_output_tokens, mean_prompt_tokens,
-                         replicas=len(replicas))
-    each = [stability(d, b, arrival_rate, mean_output_tokens, mean_prompt_tokens) for d, b in replicas]
+    specs = [(r[0], r[1], r[2] if len(r) > 2 else math.inf) for r in replicas]
+    device, slots, mem = specs[0]
+    if all(s == specs[0] for s in specs):
+        return stability(device, slots, arrival_rate, mean_output_tokens, mean_prompt_tokens,
+                         replicas=len(specs), memory_batch=mem, admission_control=admission_control)
+    each = [stability(d, b, arrival_rate, mean_output_tokens, mean_prompt_tokens, memory_batch=m)
+            for d, b, m in specs]
     capacity = sum(s.capacity_requests_per_s for s in each)
     share = [1 / len(each) if math.isinf(capacity) else s.capacity_requests_per_s / capacity for s in each]
     unloaded = sum(w * s.unloaded_latency_s for w, s in zip(share, each, strict=True))
     return replace(
         each[0],
-        batch_size=sum(b for _, b in replicas) / len(replicas),
+        batch_size=sum(s.batch_size for s in each) / len(each),
+        slots=sum(b for _, b, _ in specs) / len(specs),
+        memory_batch=sum(m for _, _, m in specs) / len(specs),
         capacity_tokens_per_s=sum(s.capacity_tokens_per_s for s in each),
-        utilization=arrival_rate / capacity,
+        offered_load=arrival_rate / capacity,
         capacity_requests_per_s=capacity,
         unloaded_latency_s=unloaded,
         demanded_concurrency=arrival_rate * unloaded,
-        replicas=len(replicas),
+        replicas=len(specs),
+        admission_control=admission_control,
     )

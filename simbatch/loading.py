@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import copy
 import math
+import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 from pydantic import ValidationError
 
-from simbatch.config import Scenario
+from simbatch.config import LengthDist, Scenario, suggestion
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,142 @@ def apply_overrides(data: dict, overrides: list[tuple[str, Any]]) -> dict:
     return out
 
 
+MAX_SCENARIO_BYTES = 1_000_000
+"""A scenario is a page of settings; a file larger than this is not one (and is not read whole)."""
+MAX_DEPTH = 32
+"""Nesting deeper than any scenario needs; it also keeps PyYAML's recursive composer far from the stack limit."""
+MAX_NODES = 100_000
+"""Values in the document with every alias expanded: a "billion laughs" file has 10**9 of them."""
+
+
+def read_text(path: Path) -> str:
+    """The scenario file's text: a regular UTF-8 file of at most MAX_SCENARIO_BYTES, or ScenarioError."""
+    source = str(path)
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise ScenarioError([Problem(source, "", "file not found")]) from None
+    except OSError as exc:
+        raise ScenarioError([Problem(source, "", f"cannot read the file: {exc.strerror or exc}")]) from None
+    if not stat.S_ISREG(mode):
+        kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
+        raise ScenarioError([Problem(source, "", f"cannot read the file: it is {kind}; give a scenario .yaml file")])
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_SCENARIO_BYTES + 1)
+    except OSError as exc:
+        raise ScenarioError([Problem(source, "", f"cannot read the file: {exc.strerror or exc}")]) from None
+    if len(raw) > MAX_SCENARIO_BYTES:
+        raise ScenarioError([Problem(source, "", f"the file is larger than {MAX_SCENARIO_BYTES:,} bytes, "
+                                                 "too large for a scenario; check that this is the right file")])
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise ScenarioError([Problem(source, "", f"cannot read the file: byte {raw[exc.start]:#04x} is not UTF-8; "
+                                                 "save the file as UTF-8", line)]) from None
+
+
+def _yaml_problem(source: str, message: str, mark: yaml.Mark | None) -> ScenarioError:
+    return ScenarioError([Problem(source, "", message, None if mark is None else mark.line + 1,
+                                  None if mark is None else mark.column + 1)])
+
+
+def _check_shape(text: str, source: str) -> None:
+    """Refuse NUL bytes and deep nesting before PyYAML's recursive composer sees the text.
+
+    The event stream is produced without recursion, so even 100,000 nested brackets are counted safely.
+    """
+    if "\0" in text:
+        before = text[:text.index("\0")]
+        line, col = before.count("\n") + 1, len(before) - (before.rfind("\n") + 1) + 1
+        raise ScenarioError([Problem(source, "", "the file contains a NUL byte; a scenario is text, "
+                                                 "remove it (or check that this is the right file)", line, col)])
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise _yaml_problem(source, f"nested more than {MAX_DEPTH} levels deep; a scenario needs a "
+                                            "handful, check the brackets and indentation", event.start_mark)
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
+def _check_tree(root: yaml.Node, source: str) -> None:
+    """Refuse documents whose aliases expand past MAX_NODES, or contain themselves.
+
+    A node reached through several aliases is counted once per path, as the validated mapping holds
+    it; counts are memoised per node, so this costs one visit per node whatever the expansion.
+    """
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        children = [v for pair in node.value for v in pair] if isinstance(node, yaml.MappingNode) else \
+            node.value if isinstance(node, yaml.SequenceNode) else []
+        if done:
+            open_.discard(id(node))
+            sizes[id(node)] = size = 1 + sum(sizes[id(c)] for c in children)
+            if size > MAX_NODES:
+                raise _yaml_problem(source, f"the document expands to more than {MAX_NODES:,} values "
+                                            "(aliases repeating aliases?); a scenario needs a few dozen",
+                                    node.start_mark)
+            continue
+        if id(node) in sizes:
+            continue
+        if id(node) in open_:
+            raise _yaml_problem(source, "an alias refers to a value that contains it; "
+                                        "a scenario cannot be infinitely deep", node.start_mark)
+        open_.add(id(node))
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in sizes)
+
+
+def _check_duplicates(node: yaml.Node, source: str, path: tuple[str, ...] = ()) -> None:
+    """A key given twice in one mapping is an error naming both places (YAML would keep the last
+    silently). Runs after :func:`_check_tree`, so the tree is known to be small and finite."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, yaml.Mark] = {}
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode):
+                if key.value in seen:
+                    first = seen[key.value]
+                    raise ScenarioError([Problem(
+                        source, ".".join((*path, key.value)), f"duplicate key (first at line {first.line + 1}, "
+                        f"column {first.column + 1}); keep one of them", key.start_mark.line + 1,
+                        key.start_mark.column + 1)])
+                seen[key.value] = key.start_mark
+            _check_duplicates(value, source, (*path, str(key.value)))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _check_duplicates(item, source, (*path, str(i)))
+
+
+def read_yaml(text: str, source: str) -> tuple[yaml.Node | None, Any]:
+    """(composed tree, plain data) of a scenario's text, or ScenarioError with file:line:col.
+
+    Guards first (NUL bytes, depth, aliases, then duplicate keys), so that no input can exhaust memory,
+    the stack or the user's patience; then the tree is constructed once, sharing what aliases share.
+    """
+    try:
+        _check_shape(text, source)
+        loader = yaml.SafeLoader(text)
+        try:
+            node = loader.get_single_node()
+            if node is not None:
+                _check_tree(node, source)
+                _check_duplicates(node, source)
+            data = None if node is None else loader.construct_document(node)
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise _yaml_problem(source, f"not valid YAML: {problem}", getattr(exc, "problem_mark", None)) from None
+    return node, data
+
+
 def _marks(node: yaml.Node, prefix: tuple = ()) -> dict[tuple, yaml.Mark]:
     """Map every dotted location in a composed YAML tree to the start mark of its value."""
     marks: dict[tuple, yaml.Mark] = {prefix: node.start_mark}
@@ -115,19 +252,23 @@ def _locate(loc: tuple, marks: dict[tuple, yaml.Mark], extra_key: bool) -> yaml.
     return marks.get(())
 
 
+# The ``dist`` names of the length distributions, which pydantic puts in an error's location.
+_UNION_TAGS = tuple(tag for model in get_args(get_args(LengthDist)[0])
+                    for tag in get_args(model.model_fields["dist"].annotation))
+
+
 def _clean_loc(loc: tuple, data: Any) -> str:
     """Pydantic's loc without union tags, as a dotted path the user would type."""
     parts, node = [], data
     for p in loc:
+        if isinstance(node, dict) and p in _UNION_TAGS and p not in node:
+            continue
         if isinstance(node, dict) and p in node or isinstance(node, list) and isinstance(p, int) and p < len(node):
             parts.append(str(p))
             node = node[p]
         elif isinstance(node, dict | list):
             # A key that is missing (required field) or a union tag: keep real keys only.
-            if isinstance(node, dict) and not isinstance(p, int) and p not in ("fixed", "uniform", "choice",
-                                                                            "exponential", "lognormal",
-                                                                            "zipf", "empirical", "random",
-                                                                            "sharegpt", "azure-conv", "azure-code"):
+            if isinstance(node, dict) and not isinstance(p, int):
                 parts.append(str(p))
             node = None
         else:
@@ -138,7 +279,9 @@ def _clean_loc(loc: tuple, data: Any) -> str:
 def _message(err: dict) -> str:
     kind, msg = err["type"], err["msg"]
     if kind == "extra_forbidden":
-        return "unknown key; remove it or check its spelling (see `simbatch schema`)"
+        guess = suggestion(err["loc"])
+        hint = f"did you mean {guess!r}? " if guess else ""
+        return f"unknown key; {hint}remove it or check its spelling (see `simbatch schema`)"
     if kind == "missing":
         return "required field is missing"
     if kind.startswith("value_error"):
@@ -171,23 +314,33 @@ def scenario_from_dict(data: Any, source: str = "<scenario>", marks: dict | None
 
 
 def _check_files(scenario: Scenario, source: str, marks: dict[tuple, yaml.Mark]) -> None:
-    """Data files must exist before a run starts, not halfway through it."""
+    """Data files must exist, and be files, before a run starts, not halfway through it."""
     problems = []
-    wl = scenario.workload
-    if wl.trace is not None and not scenario.resolve(wl.trace.path).is_file():
-        problems.append(Problem(source, "workload.trace.path",
-                                f"file not found: {scenario.resolve(wl.trace.path)}"))
-    dists = [("workload.prompt_tokens", wl.prompt_tokens), ("workload.output_tokens", wl.output_tokens)]
-    for i, cls in enumerate(wl.classes or []):
-        dists += [(f"workload.classes.{i}.prompt_tokens", cls.prompt_tokens),
-                  (f"workload.classes.{i}.output_tokens", cls.output_tokens)]
-    for where, dist in dists:
-        if getattr(dist, "dist", None) == "empirical" and not scenario.resolve(dist.path).is_file():
-            problems.append(Problem(source, f"{where}.path", f"file not found: {scenario.resolve(dist.path)}"))
+    for key, path in scenario.data_files().items():
+        problem = data_file_problem(scenario.resolve(path))
+        if problem:
+            mark = _locate(tuple(key.split(".")), marks, False)
+            problems.append(Problem(source, key, problem, None if mark is None else mark.line + 1,
+                                    None if mark is None else mark.column + 1))
     if problems:
-        located = [(p, _locate(tuple(p.path.split(".")), marks, False)) for p in problems]
-        raise ScenarioError([p if m is None else Problem(p.source, p.path, p.message, m.line + 1, m.column + 1)
-                             for p, m in located])
+        raise ScenarioError(problems)
+
+
+def data_file_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be read as a data file ("file not found", "not a regular file"), or None.
+
+    A device or a pipe (``/dev/zero``, ``/dev/stdin``) is refused by name: reading one never ends
+    or consumes the input, and it is never a trace.
+    """
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return f"file not found: {path}"
+    except OSError as exc:
+        return f"cannot read {path}: {exc.strerror or exc}"
+    if not stat.S_ISREG(mode):
+        return f"not a regular file: {path}; give a CSV file"
+    return None
 
 
 def _from_command_line(problem: Problem, keys: list[str]) -> Problem:
@@ -201,21 +354,7 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
     """Read, override and validate a scenario file. Raises ScenarioError with every problem found."""
     path = Path(path)
     source = str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ScenarioError([Problem(source, "", "file not found")]) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ScenarioError([Problem(source, "", f"cannot read the file: {exc}")]) from None
-    try:
-        node = yaml.compose(text)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ScenarioError([Problem(source, "", f"not valid YAML: {problem}",
-                                     None if mark is None else mark.line + 1,
-                                     None if mark is None else mark.column + 1)]) from None
+    node, data = read_yaml(read_text(path), source)
     marks = _marks(node) if node is not None else {}
     parsed = [parse_override(o) for o in overrides or []]
     if parsed:

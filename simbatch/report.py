@@ -19,6 +19,7 @@ import pandas as pd
 from simbatch.config import LATENCY_METRICS, Device
 from simbatch.cost import Stability, batch_for_fraction, decode_throughput, roofline_tokens_per_s, step_time_s
 from simbatch.metrics.stats import describe_ms, percentile_word
+from simbatch.text import printable
 
 WIDTH = 50
 _LABEL = 40
@@ -33,6 +34,8 @@ def _fmt(value: float | int | str | None, digits: int = 2) -> str:
         return value
     if value is None or isinstance(value, float) and math.isnan(value):
         return "n/a"
+    if isinstance(value, float) and math.isinf(value):
+        return "∞" if value > 0 else "-∞"
     if isinstance(value, int | np.integer):
         return f"{value:,}"
     return f"{value:,.{digits}f}"
@@ -82,36 +85,46 @@ def result_table(summary: Mapping, percentile_metrics: Sequence[str] = LATENCY_M
     lines += [_title("Engine"),
               _row("Mean batch size (seqs/step):", summary["mean_batch_size"]),
               _row("Mean KV cache usage (%):", 100 * summary["mean_kv_usage"], 1),
-              _row("Server utilization (%):", 100 * summary["server_utilization"], 1),
+              # Busy, not "utilization": a batching engine steps whenever any request is running, so it
+              # is busy nearly all the time at any load; the offered load ρ above says how loaded it is.
+              _row("Busy fraction (%):", 100 * summary["server_utilization"], 1),
               _row("Preemptions:", summary["num_preemptions"]),
               _row("Mean queue time Wq (s):", summary["Wq_s"])]
     replicas = sorted(int(k.split("_")[1]) for k in summary if k.startswith("replica_") and k.endswith("_L"))
     if replicas:
         lines += [_title("Replicas"),
                   _row("Load imbalance (max/mean L):", summary["load_imbalance"], 3)]
-        lines += [_row(f"Replica {r} output (tok/s), util (%):",
+        lines += [_row(f"Replica {r} output (tok/s), busy (%):",
                        f"{summary[f'replica_{r}_output_throughput']:,.0f}, "
                        f"{100 * summary[f'replica_{r}_utilization']:.1f}") for r in replicas]
     lines.append("=" * WIDTH)
     return "\n".join(lines)
 
 
+def _batch(b: float) -> str:
+    return f"{b:g}" if float(b).is_integer() else f"{b:.1f}"
+
+
 def stability_block(st: Stability) -> str:
     """The check to run before any simulation: can this device carry this traffic at all?"""
     per = "" if st.replicas == 1 else f"{st.replicas} × "
-    slots = st.batch_size * st.replicas  # a mixed fleet's batch_size is its mean slot count
+    slots = st.batch_size * st.replicas  # a mixed fleet's batch_size is its mean full batch
     lines = [_title("Stability check", "="),
              _row("Arrival rate λ (req/s):", st.arrival_rate),
              _row("Mean output tokens E[out]:", st.mean_output_tokens, 1),
-             _row("Offered token load λ·E[out] (tok/s):", st.offered_tokens_per_s),
-             _row(f"Capacity {per}B/τ(B) at B = {st.batch_size:g} (tok/s):", st.capacity_tokens_per_s),
-             _row("Utilization ρ:", st.utilization),
-             f"Verdict: {st.verdict}",
-             _title("Concurrency (Little's law)"),
-             _row("Unloaded latency W₀ (s):", st.unloaded_latency_s),
-             _row("Concurrency demanded L = λ·W₀:", st.demanded_concurrency, 1),
-             _row(f"Slots available ({st.batch_size:g} × {st.replicas} replica{'s' * (st.replicas > 1)}):",
-                  round(slots))]
+             _row("Offered token load λ·E[out] (tok/s):", st.offered_tokens_per_s)]
+    if st.limited_by == "memory":
+        lines.append(_row("Batch KV memory holds (slots):", f"{st.memory_batch:,.1f} (of {_batch(st.slots)}): "
+                                                            "memory binds"))
+    lines += [_row(f"Capacity {per}B/τ(B) at B = {_batch(st.batch_size)} (tok/s):", st.capacity_tokens_per_s),
+              _row("Offered load ρ (demand / capacity):", st.offered_load),
+              _row("Replicas the traffic needs (ρ < 1):", st.replicas_needed),
+              f"Verdict: {st.verdict}",
+              _title("Concurrency (Little's law)"),
+              _row("Unloaded latency W₀ (s):", st.unloaded_latency_s),
+              _row("Concurrency demanded L = λ·W₀:", st.demanded_concurrency, 1),
+              _row(f"Slots available ({_batch(st.batch_size)} × {st.replicas} replica{'s' * (st.replicas > 1)}):",
+                   round(slots))]
     excess = st.demanded_concurrency - slots
     if excess > 0:
         lines.append(f"Traffic needs {excess:,.0f} more requests resident than there are slots: "
@@ -152,7 +165,7 @@ def tenant_table(requests: pd.DataFrame) -> str:
         done = rows[rows["status"] == "finished"]
         ttft, e2el = describe_ms("ttft", done["ttft_s"].to_numpy()), describe_ms("e2el", done["e2e_s"].to_numpy())
         priority = ",".join(str(p) for p in sorted(rows["priority"].unique()))
-        lines.append(f"{str(tenant)[:15]:<16}{priority:>5}{len(done):>7}{int((rows['status'] == 'rejected').sum()):>9}"
+        lines.append(f"{printable(tenant, 15):<16}{priority:>5}{len(done):>7}{int((rows['status'] == 'rejected').sum()):>9}"
                      f"{_fmt(ttft['mean_ttft_ms'], 0):>12}{_fmt(ttft['p99_ttft_ms'], 0):>12}"
                      f"{_fmt(e2el['mean_e2el_ms'], 0):>12}")
     return "\n".join(lines)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from simbatch.config import Scenario, replica_scenarios
-from simbatch.cost import Stability, fleet_stability
+from simbatch.cost import Stability, fleet_stability, mean_blocks_held, memory_batch
 from simbatch.engine import Engine
 from simbatch.metrics.summary import iterations_frame, requests_frame, summarize
 from simbatch.workload import WorkloadArrays, generate
@@ -31,23 +31,32 @@ class Result:
 
 
 def expected_stability(scenario: Scenario, workload: WorkloadArrays) -> Stability:
-    """The stability check for this scenario's traffic, from the workload's own means.
+    """The stability check for this scenario's traffic, from the workload's own lengths.
 
-    Closed-loop users have no arrival rate; the rate checked is the one they would send at the
-    unloaded latency W0: concurrency / (W0 + think time), the most they can ask of the server.
+    Each replica's full batch is capped by what its KV cache holds, from the mean blocks a running
+    request holds over its output (:func:`~simbatch.cost.mean_blocks_held`). Closed-loop users have
+    no arrival rate; the rate checked is the one they would send at the unloaded latency W0:
+    concurrency / (W0 + think time), the most they can ask of the server.
     """
     duration = float(workload.arrival_s[-1]) if len(workload) else 0.0
     rate = scenario.workload.arrival.rate if scenario.workload.arrival is not None else float("inf")
     if scenario.workload.trace is not None or rate == float("inf"):
         rate = len(workload) / duration if duration > 0 else float("inf")
-    fleet = [(s.device, s.batching.max_num_seqs) for s in replica_scenarios(scenario)]
+    held: dict[int, float] = {}  # by block size: a fleet shares one workload
+    replicas = []
+    for s in replica_scenarios(scenario):
+        kv = s.kv_cache
+        if kv.block_size not in held:
+            held[kv.block_size] = mean_blocks_held(workload.prompt_tokens, workload.output_tokens, kv.block_size)
+        replicas.append((s.device, s.batching.max_num_seqs, memory_batch(kv.num_blocks, held[kv.block_size])))
+    shed = scenario.scheduler.max_waiting is not None or scenario.cluster.max_in_flight is not None
     means = (float(workload.output_tokens.mean()) if len(workload) else 0.0,
              float(workload.prompt_tokens.mean()) if len(workload) else 0.0)
     users = scenario.workload.closed_loop
     if users is not None:
-        unloaded_s = fleet_stability(fleet, 1.0, *means).unloaded_latency_s
+        unloaded_s = fleet_stability(replicas, 1.0, *means).unloaded_latency_s
         rate = users.concurrency / (unloaded_s + users.think_time_s)
-    return fleet_stability(fleet, rate, *means)
+    return fleet_stability(replicas, rate, *means, admission_control=shed)
 
 
 def simulate(scenario: Scenario, *, check_invariants: bool = False,

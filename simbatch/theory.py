@@ -107,7 +107,7 @@ def pk_mean_wait_s(arrival_rate: float, service_mean_s: float, service_second_mo
     """Pollaczek-Khinchine: the M/G/1 FCFS mean wait in queue, Wq = lambda E[S^2] / (2 (1 - rho))."""
     rho = arrival_rate * service_mean_s
     if rho >= 1:
-        raise ValueError(f"utilization {rho:.3f} >= 1: the queue has no steady state")
+        raise ValueError(f"offered load {rho:.3f} >= 1: the queue has no steady state")
     return arrival_rate * service_second_moment_s2 / (2 * (1 - rho))
 
 

@@ -67,7 +67,7 @@ CASES = [
     ("not_yaml", "workload: [1, 2\nbatching: {}\n", (), "s.yaml:2:", ["not valid YAML"]),
     ("empty", "", (), "s.yaml: ", ["empty", "expected a YAML mapping"]),
     ("not_a_mapping", "- 1\n- 2\n", (), "s.yaml: ", ["a list", "expected a YAML mapping"]),
-    ("not_utf8", b"name: caf\xe9\n", (), "s.yaml: ", ["cannot read the file"]),
+    ("not_utf8", b"name: caf\xe9\n", (), "s.yaml:1: ", ["cannot read the file", "not UTF-8"]),
     ("bad_set_syntax", GOOD, ("--set", "nonsense"), "--set: nonsense:", ["expected dotted.key=value"]),
     ("bad_set_value", GOOD, ("--set", "workload.arrival.rate=-3"),
      "--set: workload.arrival.rate:", ["greater than 0", "-3"]),

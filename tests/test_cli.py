@@ -32,7 +32,8 @@ VLLM_KEYS = ("duration", "completed", "num_requests", "request_throughput", "out
              "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p99_ttft_ms",
              "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "median_itl_ms", "p99_itl_ms",
              "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms")
-RUN_FILES = {"scenario.yaml", "resolved_config.json", "summary.json", "requests.csv", "iterations.csv", "plots"}
+RUN_FILES = {"scenario.yaml", "run.json", "resolved_config.json", "summary.json", "requests.csv", "iterations.csv",
+             "plots"}
 RUN_PLOTS = {"output_throughput.png", "running_waiting.png", "kv_usage.png", "batch_size.png", "ttft_cdf.png",
              "e2e_histogram.png"}
 COMPARE_PLOTS = {"batch_size.png", "cumulative_output_tokens.png", "running_waiting.png", "ttft_cdf.png",
@@ -113,16 +114,16 @@ def test_run_oversubscribed_prints_the_story_in_order_and_writes_the_folder(tmp_
                   "Mean TPOT (ms):", "P99 ITL (ms):", "Mean E2EL (ms):"):
         assert label in text
 
-    # The folder: every file, the scenario byte for byte, the vLLM keys, one row per request.
+    # The folder: every file, the effective scenario, the vLLM keys, one row per request.
     assert {p.name for p in out.iterdir()} == RUN_FILES
     assert {p.name for p in (out / "plots").iterdir()} == RUN_PLOTS
     assert all((out / "plots" / name).read_bytes().startswith(PNG) for name in RUN_PLOTS)
-    assert (out / "scenario.yaml").read_bytes() == (SCENARIOS / "oversubscribed.yaml").read_bytes()
+    assert load_scenario(out / "scenario.yaml").model_dump() == load_scenario(SCENARIOS / "oversubscribed.yaml").model_dump()
     resolved = json.loads((out / "resolved_config.json").read_text())
     assert resolved == load_scenario(SCENARIOS / "oversubscribed.yaml").model_dump(mode="json")
     summary = json.loads((out / "summary.json").read_text())
     assert set(VLLM_KEYS) <= set(summary)
-    assert summary["stability"]["utilization"] == pytest.approx(5.125)
+    assert summary["stability"]["offered_load"] == pytest.approx(5.125)
     assert summary["stability"]["stable"] is False
     requests = pd.read_csv(out / "requests.csv")
     assert len(requests) == summary["num_requests"] == summary["completed"]
@@ -254,7 +255,8 @@ def test_compare_heavy_tail_continuous_beats_static(tmp_path):
                   "Total Token throughput (tok/s)"):
         assert len(compare_row(text, label)) == 2
 
-    assert {p.name for p in out.iterdir()} == {"scenario.yaml", "summary.json", "static", "continuous", "plots"}
+    assert {p.name for p in out.iterdir()} == {"scenario.yaml", "run.json", "summary.json", "static", "continuous",
+                                            "plots"}
     assert {p.name for p in (out / "plots").iterdir()} == COMPARE_PLOTS
     summary = json.loads((out / "summary.json").read_text())
     assert summary["continuous"]["output_throughput"] == pytest.approx(continuous_tput, abs=0.1)

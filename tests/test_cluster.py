@@ -262,7 +262,7 @@ def test_a_heterogeneous_fleet_builds_each_replica_from_its_spec():
     assert st.capacity_requests_per_s == pytest.approx(
         2 * stability(fast, 4, 1.0, 6.0, 8.0).capacity_requests_per_s
         + stability(slow_dev, 2, 1.0, 6.0, 8.0).capacity_requests_per_s)
-    assert st.utilization == pytest.approx(st.arrival_rate / st.capacity_requests_per_s)
+    assert st.offered_load == pytest.approx(st.arrival_rate / st.capacity_requests_per_s)
 
 
 def test_an_alike_fleet_is_exactly_the_replicated_stability_check():
@@ -370,7 +370,7 @@ def test_oversubscribed_fleet_is_stable_with_six_replicas_and_its_queues_stay_bo
         return float(np.polyfit(mid, waiting, 1)[0]), float(waiting.max()), result.stability
 
     slope, peak, st = waiting_slope_and_peak(6)
-    assert st.stable and st.replicas == 6 and st.utilization == pytest.approx(10_000 / 11_707.3, rel=1e-4)
+    assert st.stable and st.replicas == 6 and st.offered_load == pytest.approx(10_000 / 11_707.3, rel=1e-4)
     assert peak < 64 and abs(slope) < 0.1, (peak, slope)
     slope, peak, st = waiting_slope_and_peak(1)
     assert not st.stable

@@ -39,7 +39,7 @@ def test_vary_any_key_on_every_library_scenario_sees_the_same_requests(tmp_path,
     result = invoke("compare", scenario, "--vary", "scheduler.policy=fcfs,sjf", "--set", "workload.num_requests=30",
                     "--no-plots", "--quiet", "--out", out)
     assert result.exit_code == 0, result.stderr
-    assert {p.name for p in out.iterdir()} == {"scenario.yaml", "summary.json", "fcfs", "sjf"}
+    assert {p.name for p in out.iterdir()} == {"scenario.yaml", "run.json", "summary.json", "fcfs", "sjf"}
     a, b = (pd.read_csv(out / label / "requests.csv") for label in ("fcfs", "sjf"))
     for column in ("request_id", "prompt_tokens", "output_tokens", "tenant"):
         assert a[column].equals(b[column])

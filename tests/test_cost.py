@@ -96,8 +96,8 @@ def test_stability_of_the_chapter_example():
     s = stability(CHAPTER, 64, 20.0, 500.0)
     assert s.offered_tokens_per_s == pytest.approx(10_000.0)
     assert s.capacity_tokens_per_s == pytest.approx(64 / 0.0328)
-    assert s.utilization == pytest.approx(5.125)
-    assert s.utilization == pytest.approx(s.offered_tokens_per_s / s.capacity_tokens_per_s)
+    assert s.offered_load == pytest.approx(5.125)
+    assert s.offered_load == pytest.approx(s.offered_tokens_per_s / s.capacity_tokens_per_s)
     assert s.capacity_requests_per_s == pytest.approx(20.0 / 5.125)
     # W at the full-batch step time: 500 x 32.8 ms = 16.4 s; Little: L = 20 x 16.4 = 328 resident.
     assert s.unloaded_latency_s == pytest.approx(16.4)
@@ -108,12 +108,12 @@ def test_stability_of_the_chapter_example():
 
 def test_stability_scales_with_replicas_and_charges_prefill():
     six = stability(CHAPTER, 64, 20.0, 500.0, replicas=6)
-    assert six.utilization == pytest.approx(5.125 / 6)
+    assert six.offered_load == pytest.approx(5.125 / 6)
     assert six.capacity_tokens_per_s == pytest.approx(6 * 64 / 0.0328)
-    assert six.stable and six.verdict == "stable (utilization 85%)"
+    assert six.stable and six.verdict == "stable (offered load 85%)"
     # Each prompt token costs gamma on top: 2 req/s x (500 x 32.8 ms / 64 + 1000 x 0.05 ms).
     device = Device(tau0_ms=20.0, beta_ms=0.2, prefill_ms_per_token=0.05)
     s = stability(device, 64, 2.0, 500.0, mean_prompt_tokens=1000.0)
-    assert s.utilization == pytest.approx(2 * (500 * 0.0328 / 64 + 0.05))
+    assert s.offered_load == pytest.approx(2 * (500 * 0.0328 / 64 + 0.05))
     assert s.capacity_requests_per_s == pytest.approx(1 / (500 * 0.0328 / 64 + 0.05))
     assert s.unloaded_latency_s == pytest.approx(500 * 0.0328 + 0.05)

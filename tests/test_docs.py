@@ -169,7 +169,7 @@ def test_readme_python_example_runs(monkeypatch, capsys):
     (example,) = re.findall(r"```python\n(.*?)```", text, re.DOTALL)
     monkeypatch.chdir(ROOT)  # the example names scenario files relative to the repository root
     exec(compile(example, "README.md", "exec"), {})
-    assert capsys.readouterr().out.startswith("stable (utilization 85%)\n")
+    assert capsys.readouterr().out.startswith("stable (offered load 85%)\n")
 
 
 def test_readme_figure_script_draws_the_figure(tmp_path):

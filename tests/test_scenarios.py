@@ -61,7 +61,7 @@ def test_oversubscribed_shed_rejects_instead_of_queueing():
 def test_stable_and_bursty_same_load_different_tails():
     stable, bursty = run("stable"), run("bursty")
     assert stable.stability.stable and bursty.stability.stable
-    assert bursty.stability.utilization == pytest.approx(stable.stability.utilization, rel=0.15)
+    assert bursty.stability.offered_load == pytest.approx(stable.stability.offered_load, rel=0.15)
     assert stable.summary["p99_ttft_ms"] < 2 * stable.summary["median_ttft_ms"]
     assert bursty.summary["p99_ttft_ms"] > 20 * stable.summary["p99_ttft_ms"]
 

@@ -32,7 +32,7 @@ def test_random_is_vllms_uniform_range(length, ratio, low, high):
 
 
 def test_random_range_ratio_must_be_below_one():
-    with pytest.raises(Exception, match=r"workload.prompt_tokens: Input should be less than 1 \(got 1.0\)"):
+    with pytest.raises(Exception, match=r"workload.prompt_tokens.range_ratio: Input should be less than 1 \(got 1.0\)"):
         scenario_from_dict({"workload": {"num_requests": 1, "prompt_tokens": {"dist": "random", "len": 5,
                                                                               "range_ratio": 1.0}}})
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import shutil
 import sys
 from pathlib import Path
 
@@ -74,9 +75,9 @@ def invoke(app: typer.Typer, *args: str | Path):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
-def sweep(app, scenario_file: Path, out: Path, *args: str | Path):
+def sweep(app, scenario_file: Path, out: Path, *args: str | Path, code: int = 0):
     result = invoke(app, "sweep", scenario_file, "--out", out, *args)
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == code, result.output
     return result
 
 
@@ -242,18 +243,30 @@ def test_a_restart_runs_only_what_is_missing_and_gives_the_same_csv(cli, scenari
         (out / POINTS / path.name).write_text(path.read_text())
     (out / POINTS / ".x.json.tmp").write_text("{half a rec")  # what a kill mid-write leaves: ignored
     calls = count_simulations(monkeypatch)
-    sweep(cli, scenario_file, out, *GRID, "--replications", "3", "--workers", "1")
-    assert len(calls) == 3
+    result = sweep(cli, scenario_file, out, *GRID, "--replications", "3", "--workers", "1")
+    assert len(calls) == 3 and "resumed 9 of 12 points" in result.stdout
     assert (out / "summary.csv").read_bytes() == (local_sweep / "summary.csv").read_bytes()
     calls.clear()
     sweep(cli, scenario_file, out, *GRID, "--replications", "3", "--workers", "1")
     assert calls == []
 
 
+def test_an_extended_sweep_reuses_the_runs_it_has(cli, scenario_file, local_sweep, tmp_path, monkeypatch, no_plots):
+    out = tmp_path / "extended"
+    shutil.copytree(local_sweep, out)
+    calls = count_simulations(monkeypatch)
+    # One more rate (6 points, not 4) and a fourth replication: 24 runs, of which the 12 made before are kept.
+    result = sweep(cli, scenario_file, out, "--param", "workload.arrival.rate=4,16,32", "--param",
+                   "batching.mode=static,continuous", "--replications", "4", "--workers", "1")
+    assert len(calls) == 12 and "resumed 12 of 24 points" in result.stdout
+    frame = pd.read_csv(out / "summary.csv")
+    assert len(frame) == 6 and (frame["replications"] == 4).all()
+
+
 def test_a_restart_with_other_arguments_is_refused(cli, scenario_file, local_sweep):
     before = sorted(p.name for p in local_sweep.rglob("*"))
-    line = bad_input(invoke(cli, "sweep", scenario_file, "--out", local_sweep, *GRID, "--replications", "4"))
-    assert "other arguments" in line and "replications: 3 -> 4" in line
+    line = bad_input(invoke(cli, "sweep", scenario_file, "--out", local_sweep, *GRID, "--set", "seed=5"))
+    assert "other arguments" in line and "set: [] -> ['seed=5']" in line
     assert sorted(p.name for p in local_sweep.rglob("*")) == before
 
 
@@ -268,7 +281,7 @@ def test_a_run_that_raises_is_a_failed_row_and_is_retried_on_restart(cli, scenar
 
     monkeypatch.setattr(runner, "simulate_run", flaky)
     out = tmp_path / "flaky"
-    sweep(cli, scenario_file, out, "--param", "batching.max_num_seqs=4,8", "-r", "2", "--workers", "1")
+    sweep(cli, scenario_file, out, "--param", "batching.max_num_seqs=4,8", "-r", "2", "--workers", "1", code=1)
     frame = pd.read_csv(out / "summary.csv")
     assert list(frame["replications"]) == [1, 1]
     assert list(frame["error"]) == ["RuntimeError: worker lost"] * 2
@@ -292,7 +305,7 @@ def test_a_sweep_where_no_run_finished_exits_1(cli, scenario_file, tmp_path, no_
 def test_a_bad_combination_is_a_row_with_its_error_and_the_rest_runs(cli, scenario_file, tmp_path, no_plots):
     out = tmp_path / "mixed"
     result = sweep(cli, scenario_file, out, "--param", "batching.max_num_batched_tokens=4,256",
-                   "--replications", "1", "--workers", "1")
+                   "--replications", "1", "--workers", "1", code=1)
     frame = pd.read_csv(out / "summary.csv")
     assert "1 failed" in result.output
     assert frame.loc[0, "replications"] == 0 and "max_num_batched_tokens (4)" in frame.loc[0, "error"]

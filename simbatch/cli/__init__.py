@@ -13,13 +13,21 @@ Each command lives in its own module; this one only assembles them.
 
 from __future__ import annotations
 
-import typer
+import sys
 
-from simbatch import __version__
-from simbatch.cli.capacity import capacity
-from simbatch.cli.inspect import schema, validate
-from simbatch.cli.run import compare, run
-from simbatch.cli.sweep import register as register_sweep
+try:
+    # Importing the machinery takes a good part of a second; Ctrl-C meanwhile is an interruption
+    # like any other ("interrupted", exit 130), not a traceback from the middle of an import.
+    import typer
+
+    from simbatch import __version__
+    from simbatch.cli.capacity import capacity
+    from simbatch.cli.inspect import schema, validate
+    from simbatch.cli.run import compare, run
+    from simbatch.cli.sweep import register as register_sweep
+except KeyboardInterrupt:
+    sys.stderr.write("interrupted\n")
+    sys.exit(130)
 
 app = typer.Typer(
     name="simbatch",

@@ -8,8 +8,8 @@ from pathlib import Path
 import typer
 from pydantic import ValidationError
 
-from simbatch import report
-from simbatch.cli.common import BadInput, reports_bad_input
+from simbatch import guard, report
+from simbatch.cli.common import FORCE_OPT, BadInput, reports_bad_input
 from simbatch.config import Device
 from simbatch.cost import stability
 from simbatch.loading import load_scenario
@@ -52,6 +52,7 @@ def capacity(
     mean_output_tokens: float = typer.Option(None, help="Mean output length, tokens (for the stability check)."),
     mean_prompt_tokens: float = typer.Option(None, help="Mean prompt length, tokens [default: 0]."),
     replicas: int = typer.Option(None, help="Identical engines [default: 1]."),
+    force: bool = FORCE_OPT,
 ) -> None:
     """Throughput B/τ(B) by batch size, the batch size for 50 % of the roofline, and the stability check.
 
@@ -65,11 +66,14 @@ def capacity(
     _positive("--mean-prompt-tokens", mean_prompt_tokens, allow_zero=True)
     base, seqs, n_replicas = Device(), 64, 1
     traffic = {"rate": None, "out": None, "prompt": 0.0}
+    memory, shed = math.inf, False
     if scenario_file is not None:
         scenario = load_scenario(scenario_file)
+        guard.check_run(scenario, force)
         base, seqs, n_replicas = scenario.device, scenario.batching.max_num_seqs, scenario.cluster.replicas
         st = expected_stability(scenario, generate(scenario))
         traffic = {"rate": st.arrival_rate, "out": st.mean_output_tokens, "prompt": st.mean_prompt_tokens}
+        memory, shed = st.memory_batch, st.admission_control
     device = _device(base, {"tau0_ms": tau0_ms, "beta_ms": beta_ms, "prefill_ms_per_token": prefill_ms_per_token})
     seqs, n_replicas = max_num_seqs or seqs, replicas or n_replicas
     rate = rate if rate is not None else traffic["rate"]
@@ -83,4 +87,5 @@ def capacity(
     if rate is None:
         typer.echo("Give --rate and --mean-output-tokens (or a scenario) for the stability check.")
         return
-    typer.echo(report.stability_block(stability(device, seqs, rate, mean_out, mean_prompt, replicas=n_replicas)))
+    typer.echo(report.stability_block(stability(device, seqs, rate, mean_out, mean_prompt, replicas=n_replicas,
+                                                memory_batch=memory, admission_control=shed)))

@@ -7,23 +7,29 @@ from pathlib import Path
 
 import typer
 
-from simbatch.cli.common import reports_bad_input
+from simbatch import guard
+from simbatch.cli.common import FORCE_OPT, reports_bad_input, warn
 from simbatch.cli.run import SCENARIO_ARG, SET_OPT
 from simbatch.config import Scenario
 from simbatch.loading import load_scenario
 from simbatch.simulation import expected_stability
+from simbatch.text import printable
 from simbatch.workload import generate
 
 
 @reports_bad_input
-def validate(scenario_file: Path = SCENARIO_ARG, sets: list[str] = SET_OPT) -> None:
+def validate(scenario_file: Path = SCENARIO_ARG, sets: list[str] = SET_OPT, force: bool = FORCE_OPT) -> None:
     """Check a scenario, and the data files it reads, without simulating it."""
     scenario = load_scenario(scenario_file, sets)
+    guard.check_run(scenario, force)
     workload = generate(scenario)  # reads and checks traces and length files row by row
+    warn(scenario, workload, mode_fixed=False)  # the scenario may be meant for `compare`
     st = expected_stability(scenario, workload)
-    typer.echo(f"{scenario_file}: OK: {len(workload):,} requests, {scenario.batching.mode} batching; {st.verdict}")
+    typer.echo(f"{printable(scenario_file)}: OK: {len(workload):,} requests, {scenario.batching.mode} batching; "
+               f"{st.verdict}")
 
 
+@reports_bad_input
 def schema() -> None:
     """Print the JSON Schema of a scenario file (point your editor's YAML support at it)."""
     typer.echo(json.dumps(Scenario.model_json_schema(), indent=2))

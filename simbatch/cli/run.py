@@ -7,7 +7,7 @@ from typing import get_args
 
 import typer
 
-from simbatch import report, results
+from simbatch import guard, report, results
 from simbatch.cli.bench_flags import (
     BurstinessOpt,
     GoodputOpt,
@@ -18,11 +18,12 @@ from simbatch.cli.bench_flags import (
     RequestRateOpt,
     bench_overrides,
 )
-from simbatch.cli.common import BadInput, overrides, progress, reports_bad_input
+from simbatch.cli.common import FORCE_OPT, BadInput, overrides, progress, reports_bad_input, warn
 from simbatch.compare import CompareInputError, load_sources, shares_workload, variants, write_sources
 from simbatch.config import Batching, Scenario
 from simbatch.loading import load_scenario
 from simbatch.simulation import Result, expected_stability, simulate
+from simbatch.text import printable
 from simbatch.workload import generate
 
 MODES: tuple[str, ...] = get_args(Batching.model_fields["mode"].annotation)
@@ -57,7 +58,7 @@ def run(scenario_file: Path = SCENARIO_ARG,
         no_plots: bool = NO_PLOTS_OPT, request_rate: RequestRateOpt = None, burstiness: BurstinessOpt = None,
         num_prompts: NumPromptsOpt = None, max_concurrency: MaxConcurrencyOpt = None,
         percentile_metrics: PercentileMetricsOpt = None, metric_percentiles: MetricPercentilesOpt = None,
-        goodput: GoodputOpt = None) -> None:
+        goodput: GoodputOpt = None, force: bool = FORCE_OPT) -> None:
     """Simulate a scenario: stability check, result table, Little's law, and a result folder.
 
     The flags named as in `vllm bench serve` (--request-rate, --burstiness, --num-prompts,
@@ -66,9 +67,11 @@ def run(scenario_file: Path = SCENARIO_ARG,
     bench = bench_overrides(request_rate, burstiness, num_prompts, max_concurrency, percentile_metrics,
                             metric_percentiles, goodput)
     scenario = load_scenario(scenario_file, overrides([*(sets or []), *bench], **{"batching.mode": mode, "seed": seed}))
+    guard.check_run(scenario, force)
     folder = out or results.default_folder(scenario.name)
     results.check_target(folder)
     workload = generate(scenario)
+    warn(scenario, workload)
     say = (lambda text: None) if quiet else typer.echo
     say(report.stability_block(expected_stability(scenario, workload)))
     if note := report.client_note(scenario.workload):
@@ -79,8 +82,8 @@ def run(scenario_file: Path = SCENARIO_ARG,
         if extra:
             say(extra)
     say(report.littles_law_line(result.summary))
-    results.write_run(folder, scenario_file, result, with_plots=not no_plots)
-    typer.echo(f"Results written to {folder}" if not quiet else str(folder))
+    folder = results.write_run(folder, result, unique=out is None, with_plots=not no_plots)
+    typer.echo(f"Results written to {printable(folder)}" if not quiet else printable(folder))
 
 
 def parse_modes(text: str) -> list[str]:
@@ -118,7 +121,8 @@ def compare(sources: list[Path] = SOURCES_ARG,
             quiet: bool = QUIET_OPT, no_plots: bool = NO_PLOTS_OPT, request_rate: RequestRateOpt = None,
             burstiness: BurstinessOpt = None, num_prompts: NumPromptsOpt = None,
             max_concurrency: MaxConcurrencyOpt = None, percentile_metrics: PercentileMetricsOpt = None,
-            metric_percentiles: MetricPercentilesOpt = None, goodput: GoodputOpt = None) -> None:
+            metric_percentiles: MetricPercentilesOpt = None, goodput: GoodputOpt = None,
+            force: bool = FORCE_OPT) -> None:
     """Side by side: one scenario's variants on the very same requests, or existing runs.
 
     simbatch compare chat.yaml --vary scheduler.policy=fcfs,sjf,priority;
@@ -147,18 +151,22 @@ def compare(sources: list[Path] = SOURCES_ARG,
     base = overrides([*(sets or []), *bench], seed=seed)
     scenarios = {label: load_scenario(scenario_file, [*base, *extra]) for label, extra in columns.items()}
     first = next(iter(scenarios.values()))
+    for sc in scenarios.values():
+        guard.check_run(sc, force)
     folder = out or results.default_folder(first.name, prefix="compare-")
     results.check_target(folder)
     # Variants that leave the workload section alone share one draw of it (common random numbers).
     shared = generate(first) if shares_workload(list(columns.values())) else None
-    say(report.stability_block(expected_stability(first, shared if shared is not None else generate(first))))
+    workload = shared if shared is not None else generate(first)
+    warn(first, workload, mode_fixed=False)
+    say(report.stability_block(expected_stability(first, workload)))
     total = len(shared) if shared is not None else first.workload.num_requests or 0
     runs = {label: _simulate(sc, label, total, quiet, shared) for label, sc in scenarios.items()}
     say(report.compare_table(runs))
     for label, r in runs.items():
         say(f"{label}: {report.littles_law_line(r.summary)}")
-    results.write_compare(folder, scenario_file, runs, with_plots=not no_plots)
-    typer.echo(f"Results written to {folder}" if not quiet else str(folder))
+    folder = results.write_compare(folder, runs, unique=out is None, with_plots=not no_plots)
+    typer.echo(f"Results written to {printable(folder)}" if not quiet else printable(folder))
 
 
 def _compare_runs(sources: list[Path], out: Path | None, no_plots: bool, quiet: bool, say) -> None:
@@ -170,5 +178,5 @@ def _compare_runs(sources: list[Path], out: Path | None, no_plots: bool, quiet: 
     folder = out or results.default_folder("compare")
     results.check_target(folder)
     say(report.compare_table(runs))
-    write_sources(folder, sources, runs, with_plots=not no_plots)
-    typer.echo(f"Results written to {folder}" if not quiet else str(folder))
+    folder = write_sources(folder, sources, runs, with_plots=not no_plots, unique=out is None)
+    typer.echo(f"Results written to {printable(folder)}" if not quiet else printable(folder))

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from simbatch.text import printable
+
 if TYPE_CHECKING:
     from simbatch.sweep.runner import Executor
 
@@ -40,6 +42,8 @@ OutOpt = Annotated[Path | None, typer.Option(
     "--out", "-o", metavar="DIR",
     help="Output folder (default: results/<scenario name>/sweep, or /capacity-<SLOs>-<hash of the arguments>); "
          "rerunning the same command into it resumes.")]
+ForceOpt = Annotated[bool, typer.Option(
+    "--force", help="Run even when the size estimate is above the limit (see docs/errors.md).")]
 
 
 def _reports_bad_input(command: Callable) -> Callable:
@@ -115,31 +119,36 @@ def sweep(
     scheduler_address: AddressOpt = None,
     out: OutOpt = None,
     no_plots: Annotated[bool, typer.Option("--no-plots", help="Write summary.csv only, no plots.")] = False,
+    force: ForceOpt = False,
 ) -> None:
     """Run a scenario over a grid of parameters with replications: summary.csv (means, 95 % CIs) and plots.
 
     Example: simbatch sweep chat.yaml -p workload.arrival.rate=1,2,4,8 -p batching.mode=static,continuous
+
+    Exit code 1 when any point failed (the others are in summary.csv), 2 on bad input.
     """
     from simbatch.sweep.plan import Sweep
 
     _check(replications, workers, scheduler_address)
-    plan = Sweep.plan(scenario, param or [], set_ or [], replications, out)
+    plan = Sweep.plan(scenario, param or [], set_ or [], replications, out, force)
     with _connect(workers, scheduler_address) as executor, _progress(len(plan.points), "points") as advance:
         frame, plots = plan.run(executor, advance, with_plots=not no_plots)
     failed = frame[frame["error"] != ""]
+    if plan.store.resumed:
+        typer.echo(f"resumed {plan.store.resumed} of {plan.store.requested} points (runs) already in {plan.out}")
     typer.echo(f"{len(frame)} points x {replications} replications on {executor.description}; "
                f"{len(failed)} failed")
     for _, row in failed.iterrows():
         point = ", ".join(f"{p.key}={row[p.key]}" for p in plan.params)
-        typer.echo(f"  failed: {point}: {row['error']}", err=True)
+        typer.echo(printable(f"  failed: {point}: {row['error']}"), err=True)
     _print_table(frame, [p.key for p in plan.params], "mean ± 95 % CI half-width over "
                  f"{replications} replication{'s' * (replications > 1)}")
     for path in [plan.out / "summary.csv", *plots]:
         typer.echo(f"wrote {path}")
     if plots and "request_goodput_mean" not in frame:
         typer.echo("no goodput plot: the scenario sets no slo; add one, e.g. --set slo.ttft_ms=500")
-    if (frame["replications"] == 0).all():
-        raise typer.Exit(1)  # not one run finished: a script must not mistake this for results
+    if len(failed):
+        raise typer.Exit(1)  # a script must not mistake a partial table for the sweep it asked for
 
 
 def _cell(value: object) -> str:
@@ -200,16 +209,19 @@ def capacity_search(
     workers: WorkersOpt = None,
     scheduler_address: AddressOpt = None,
     out: OutOpt = None,
+    force: ForceOpt = False,
 ) -> None:
     """The highest arrival rate meeting every SLO, per configuration: bisection below the analytic capacity.
 
     Example: simbatch capacity-search chat.yaml --slo ttft_p99_ms=500 --slo tpot_p99_ms=50
     -p batching.max_num_seqs=32,64
+
+    Exit code 1 when any configuration has no answer (SLOs out of reach, a failed run), 2 on bad input.
     """
     from simbatch.sweep.capacity import CapacitySearch
 
     _check(replications, workers, scheduler_address)
-    plan = CapacitySearch.plan(scenario, param or [], set_ or [], slo or [], replications, tolerance, out)
+    plan = CapacitySearch.plan(scenario, param or [], set_ or [], slo or [], replications, tolerance, out, force)
     with _connect(workers, scheduler_address) as executor, \
             _progress(len(plan.configs), "configurations") as advance:
         frame = plan.run(executor, advance)
@@ -233,6 +245,11 @@ def capacity_search(
                                         plan.out / "slo_vs_rate.png"))
     for path in written:
         typer.echo(f"wrote {path}")
+    unanswered = frame[frame["error"] != ""]
+    for error in unanswered["error"]:
+        typer.echo(printable(f"  no answer: {error}"), err=True)
+    if len(unanswered):
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:

@@ -164,7 +164,9 @@ def summarize(scenario: Scenario, requests: pd.DataFrame, iterations: pd.DataFra
 
     out |= describe_ms("ttft", done["ttft_s"].to_numpy(), percentiles=extra("ttft"))
     out |= describe_ms("tpot", done["tpot_s"].to_numpy(), percentiles=extra("tpot"))
-    itl_values = np.concatenate([iterations["duration_s"].to_numpy(), np.asarray(rec.stall_gaps_s)])
+    # Stall gaps are a multiset, recorded in whatever order the replicas' steps interleave: sorted,
+    # every sum over them is the same however the engine reached them.
+    itl_values = np.concatenate([iterations["duration_s"].to_numpy(), np.sort(np.asarray(rec.stall_gaps_s))])
     itl_weights = np.concatenate([(iterations["itl_tokens"] * iterations["num_steps"]).to_numpy(),
                                   np.ones(len(rec.stall_gaps_s), dtype=np.int64)])
     out |= describe_ms("itl", itl_values, itl_weights, percentiles=extra("itl"))

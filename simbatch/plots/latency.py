@@ -47,12 +47,29 @@ def ttft_cdf(runs: Mapping[str, Frames], *, slo_ttft_ms: float | None = None) ->
     return fig
 
 
+def histogram_edges(values: np.ndarray, bins: int) -> np.ndarray:
+    """``bins + 1`` edges spanning ``values``, never of zero width.
+
+    Identical latencies (a thousand replicas each serving the same request) or ones equal up to
+    rounding give numpy a range too narrow to split; the span is then widened around them to a
+    thousandth of their size (or 1 s around zero), so one bar stands at the common value.
+    """
+    if not len(values):
+        return np.linspace(0.0, 1.0, bins + 1)
+    lo, hi = float(values.min()), float(values.max())
+    least = 1e-3 * max(abs(hi), abs(lo)) or 1.0
+    if hi - lo < least:
+        middle = (lo + hi) / 2
+        lo, hi = middle - least / 2, middle + least / 2
+    return np.linspace(lo, hi, bins + 1)
+
+
 def e2e_histogram(runs: Mapping[str, Frames], *, unloaded_latency_s: float | None = None) -> Figure:
     """Histogram of end-to-end latency; the unloaded latency shows how much of it is queueing."""
     fig, ax = new_figure()
     finished = {label: _finished(r.requests)["e2e_s"].to_numpy(dtype=float) for label, r in runs.items()}
     everything = np.concatenate([v for v in finished.values()] + [np.zeros(0)])
-    bins = np.histogram_bin_edges(everything, bins=60) if len(everything) else 10
+    bins = histogram_edges(everything, 60)
     for label, color in colors(runs).items():
         e2e = finished[label]
         if len(e2e):

@@ -74,6 +74,7 @@ STATS = {"mean": "mean", "median": "median", "p50": "median", "p90": "p90", "p99
 PER_REQUEST_SLO = {"ttft": "slo.ttft_ms", "tpot": "slo.tpot_ms", "e2el": "slo.e2el_ms"}
 # Halving below this fraction of capacity means the SLOs are out of reach at any useful load.
 FLOOR_FRACTION = 2.0**-10
+TRACE_HAS_ITS_RATE = "a trace sets its own arrival times; capacity-search varies the rate"
 
 # Any percentile, as vLLM names it in a key: p95, p99.9 (0 < P < 100).
 _STAT = rf"{'|'.join(STATS)}|p\d{{1,2}}(?:\.\d+)?"
@@ -230,7 +231,7 @@ class CapacitySearch:
 
     @classmethod
     def plan(cls, scenario_path: Path, param_texts: list[str], sets: list[str], slo_texts: list[str],
-             replications: int, tolerance: float, out: Path | None = None) -> CapacitySearch:
+             replications: int, tolerance: float, out: Path | None = None, force: bool = False) -> CapacitySearch:
         """Check every argument; raises :class:`SweepInputError` and creates nothing when one is bad."""
         scenario_path = Path(scenario_path)
         if not slo_texts:
@@ -240,14 +241,17 @@ class CapacitySearch:
             raise SweepInputError(f"--tolerance {tolerance}: must be between 0 and 1 (a fraction), e.g. 0.02")
         reserved = {"seed": SEED_IS_PER_REPLICATION,
                     RATE: "capacity-search searches the rate itself; sweep the other parameters"}
-        params, configs = valid_points(scenario_path, param_texts, sets, reserved)
+        params, configs = valid_points(scenario_path, param_texts, sets, reserved, replications, force)
         if not any(c.scenario.slo.model_dump(exclude_none=True) for c in configs if c.scenario is not None):
             sets = list(sets) + goodput_overrides(slos)
-        sets = list(sets) + percentile_overrides(slos, next(c.scenario for c in configs if c.scenario).metrics)
+        valid = [c for c in configs if c.scenario is not None]
+        if valid and all(c.scenario.workload.trace is not None for c in valid):
+            raise SweepInputError(f"{scenario_path}: {TRACE_HAS_ITS_RATE}; use a scenario with synthetic "
+                                  "arrivals (workload.arrival)")
+        sets = list(sets) + percentile_overrides(slos, valid[0].scenario.metrics if valid else Metrics())
         manifest = {"slo": [[s.key, s.limit_ms] for s in slos], "tolerance": tolerance}
         default = default_out(configs, "capacity-" + _folder_slug(slos, param_texts, sets, replications, tolerance))
-        store = open_store(Path(out) if out else default, "capacity-search",
-                           scenario_path, sets, params, replications,
+        store = open_store(Path(out) if out else default, "capacity-search", scenario_path, sets, configs,
                            **manifest)
         return cls(scenario_path, sets, slos, configs, replications, tolerance, store, [p.key for p in params])
 
@@ -261,8 +265,7 @@ class CapacitySearch:
             if config.scenario is None:
                 search = Search(config, math.nan, self.tolerance, error=config.error)
             elif config.scenario.workload.trace is not None:
-                search = Search(config, math.nan, self.tolerance,
-                                error="a trace sets its own arrival times; capacity-search varies the rate")
+                search = Search(config, math.nan, self.tolerance, error=TRACE_HAS_ITS_RATE)
             else:
                 search = Search(config, _capacity(config), self.tolerance)
             searches.append(search)

@@ -54,6 +54,16 @@ def _tidy(x: float) -> float:
     return float(f"{x:.{_SIGNIFICANT}g}")
 
 
+MAX_VALUES = 100_000
+"""Values one range may expand to; more is a typo, and listing them would take minutes."""
+
+
+def _check_count(count: int) -> None:
+    if count > MAX_VALUES:
+        raise ValueError(f"{count:,} values, more than {MAX_VALUES:,}; use a larger step or a log range "
+                         "(log:start:stop:n)")
+
+
 def linear_range(start: int | float, stop: int | float, step: int | float) -> list[int | float]:
     """``start, start + step, ...`` up to ``stop`` (included when it falls on the grid)."""
     if step <= 0:
@@ -62,6 +72,7 @@ def linear_range(start: int | float, stop: int | float, step: int | float) -> li
         raise ValueError(f"stop ({stop}) is below start ({start})")
     # The small slack keeps a stop that is on the grid but off by float rounding, as in 0.1:0.3:0.1.
     count = math.floor((stop - start) / step + 1e-9) + 1
+    _check_count(count)
     if all(isinstance(v, int) for v in (start, stop, step)):
         return [start + i * step for i in range(count)]
     return [_tidy(start + i * step) for i in range(count)]
@@ -73,6 +84,7 @@ def log_range(start: int | float, stop: int | float, n: int) -> list[int | float
         raise ValueError(f"a log range needs at least 2 points, got {n}")
     if start <= 0 or stop <= start:
         raise ValueError(f"a log range needs 0 < start < stop, got {start} and {stop}")
+    _check_count(n)
     ratio = (stop / start) ** (1 / (n - 1))
     points = [start * ratio**i for i in range(n - 1)] + [stop]
     if isinstance(start, int) and isinstance(stop, int):

@@ -7,6 +7,7 @@ Points that fail validation while others pass are not bad input but results: row
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,13 +15,13 @@ from typing import Any
 
 import pandas as pd
 
-from simbatch import __version__
-from simbatch.results import RESULTS_ROOT
+from simbatch import __version__, guard
+from simbatch.results import RESULTS_ROOT, file_sha256
 from simbatch.sweep.aggregate import summary_frame
 from simbatch.sweep.grid import GridError, Param, expand, parse_params
 from simbatch.sweep.plots import plot_sweep
 from simbatch.sweep.runner import Executor, Point, Run, execute, load_points, runs_for
-from simbatch.sweep.store import Store, StoreError, file_sha256, write_atomic
+from simbatch.sweep.store import Store, StoreError, write_atomic
 
 SEED_IS_PER_REPLICATION = ("each replication sets the seed (base seed + replication); "
                            "change the base with --set seed=N")
@@ -30,16 +31,24 @@ class SweepInputError(ValueError):
     """Bad arguments; the message is one line naming the argument, its value and the fix."""
 
 
-def valid_points(scenario_path: Path, param_texts: list[str], sets: list[str],
-                 reserved: dict[str, str]) -> tuple[list[Param], list[Point]]:
-    """Parse the grid and validate every point; bad input when no point at all is valid."""
+def valid_points(scenario_path: Path, param_texts: list[str], sets: list[str], reserved: dict[str, str],
+                 replications: int, force: bool = False) -> tuple[list[Param], list[Point]]:
+    """Parse the grid and validate every point; bad input when no point at all is valid.
+
+    The size guard runs first on the grid (points x replications, before a point is loaded), then
+    on each valid point's run (:mod:`simbatch.guard`); ``force`` lifts both limits.
+    """
     try:
         params = parse_params(param_texts, reserved)
     except GridError as exc:
         raise SweepInputError(str(exc)) from None
+    guard.check_sweep(math.prod(len(p.values) for p in params), replications, force)
     if not scenario_path.is_file():
         raise SweepInputError(f"SCENARIO {scenario_path}: file not found; pass the path of a scenario file")
     points = load_points(scenario_path, sets, expand(params))
+    for point in points:
+        if point.scenario is not None:
+            guard.check_run(point.scenario, force)
     if all(p.error is not None for p in points):
         first = points[0]
         where = ", ".join(f"{k}={v}" for k, v in first.values.items())
@@ -54,13 +63,22 @@ def default_out(points: list[Point], command: str) -> Path:
     return RESULTS_ROOT / name / command
 
 
-def open_store(out: Path, command: str, scenario_path: Path, sets: list[str], params: list[Param],
-               replications: int, **extra: Any) -> Store:
-    """The output folder's store, checked against what is already there (nothing is created yet)."""
+def data_sha256(points: list[Point]) -> dict[str, str]:
+    """``{absolute path: sha256}`` of every data file any valid point reads (a --param may change them)."""
+    files = {str(p.scenario.resolve(path).resolve()) for p in points if p.scenario is not None
+             for path in p.scenario.data_files().values()}
+    return {path: file_sha256(Path(path)) for path in sorted(files)}
+
+
+def open_store(out: Path, command: str, scenario_path: Path, sets: list[str], points: list[Point],
+               **extra: Any) -> Store:
+    """The output folder's store, checked against what is already there (nothing is created yet).
+
+    ``extra`` adds what else must match for the folder's runs to be reused (a search's SLOs).
+    """
     store = Store(out, {"command": command, "scenario": str(scenario_path.resolve()),
                         "scenario_sha256": file_sha256(scenario_path), "set": list(sets),
-                        "params": {p.key: list(p.values) for p in params}, "replications": replications,
-                        "simbatch": __version__, **extra})
+                        "data_sha256": data_sha256(points), "simbatch": __version__, **extra})
     try:
         store.check()
     except StoreError as exc:
@@ -79,12 +97,12 @@ class Sweep:
 
     @classmethod
     def plan(cls, scenario_path: Path, param_texts: list[str], sets: list[str], replications: int,
-             out: Path | None = None) -> Sweep:
+             out: Path | None = None, force: bool = False) -> Sweep:
         """Check every argument; raises :class:`SweepInputError` and creates nothing when one is bad."""
         scenario_path = Path(scenario_path)
-        params, points = valid_points(scenario_path, param_texts, sets, {"seed": SEED_IS_PER_REPLICATION})
-        store = open_store(Path(out) if out else default_out(points, "sweep"), "sweep", scenario_path, sets,
-                           params, replications)
+        params, points = valid_points(scenario_path, param_texts, sets, {"seed": SEED_IS_PER_REPLICATION},
+                                      replications, force)
+        store = open_store(Path(out) if out else default_out(points, "sweep"), "sweep", scenario_path, sets, points)
         return cls(params, points, replications, store)
 
     @property

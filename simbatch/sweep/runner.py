@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +43,7 @@ from simbatch.sweep.store import Store, run_key
 STABILITY_FIELDS = {"capacity_tokens_per_s": "capacity_tokens_per_s",
                     "capacity_requests_per_s": "capacity_requests_per_s",
                     "offered_tokens_per_s": "offered_tokens_per_s",
-                    "utilization": "offered_utilization"}
+                    "offered_load": "offered_load"}
 
 
 class ExecutorError(RuntimeError):
@@ -149,7 +151,11 @@ class Executor:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if self._pool is not None:
-            # On Ctrl-C, drop what has not started; finished runs are on disk already.
+            if exc_type is not None:
+                # On Ctrl-C or SIGTERM stop now, not after the runs in progress: finished runs are on
+                # disk already. (_processes is private; Python 3.14 adds terminate_workers for this.)
+                for process in list((self._pool._processes or {}).values()):
+                    process.terminate()
             self._pool.shutdown(wait=True, cancel_futures=exc_type is not None)
             self._pool = None
         if self._client is not None:
@@ -178,8 +184,13 @@ class Executor:
         else:
             self.connect()
             index = {self._pool.submit(fn, item): i for i, item in enumerate(items)}
-            for future in as_completed(index):
-                yield _outcome(index[future], future)
+            pending = set(index)
+            while pending:
+                # Wake now and then rather than block: a signal the kernel hands to one of the pool's
+                # threads would leave a blocked main thread asleep, and Ctrl-C must act within a second.
+                done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                for future in done:
+                    yield _outcome(index[future], future)
 
     def _dask_map(self, fn, items):
         from distributed import as_completed as dask_completed
@@ -194,11 +205,17 @@ class Executor:
 
 
 def _exit_with_parent(parent_pid: int) -> None:
-    """Run in each pool worker: exit when the sweep's process is gone.
+    """Run in each pool worker: exit when the sweep's process is gone; leave Ctrl-C to the parent.
 
     A worker outlives a parent that is killed (SIGTERM, SIGKILL, a closed terminal): it holds its
     own end of the task pipe, so it would wait for tasks forever. Finished runs are on disk already.
+    Ctrl-C reaches every process of the terminal's group: the parent handles it (and ends the
+    workers), so a worker ignores it instead of dying with a traceback mid-task. SIGTERM gets its
+    default back (the parent's handler, inherited through fork, would turn it into an exception the
+    pool reports as a result): it is how the parent ends a worker.
     """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     def watch() -> None:
         while os.getppid() == parent_pid:
@@ -215,7 +232,15 @@ def _outcome(i: int, future) -> tuple[int, Any, str | None]:
         return i, None, _error_text(exc)
 
 
+_ADDRESS = re.compile(r"(?:[a-z]+://)?(?:\[[0-9a-fA-F:]+\]|[^\s:/\[\]]+):\d{1,5}")
+
+
 def _dask_client(address: str):
+    # Checked here: a Client built from a malformed address fails inside, and its finaliser then
+    # prints an "Exception ignored" traceback twenty seconds later, after ours.
+    if not _ADDRESS.fullmatch(address):
+        raise ExecutorError(f"--scheduler-address {address}: not an address; give tcp://HOST:PORT, "
+                            "as `dask scheduler` prints it (e.g. tcp://10.0.0.5:8786)")
     try:
         from distributed import Client
     except ImportError:
@@ -237,7 +262,7 @@ def execute(runs: list[Run], store: Store, executor: Executor,
     records: dict[str, dict[str, Any]] = {}
     pending: dict[str, list[Run]] = {}  # runs sharing a key (a value listed twice) execute once
     for run in runs:
-        record = store.load(run.key)
+        record = store.load(run.key, run.overrides, run.seed)
         if record is None:
             pending.setdefault(run.key, []).append(run)
             continue

@@ -2,14 +2,18 @@
 
 Layout of ``<out>/``:
 
-- ``manifest.json``: the arguments that define the runs (scenario file and its hash, ``--set``,
-  parameters, replications, simbatch version). A restart into the same folder must present the
-  same manifest, otherwise old and new runs would be mixed in one table; it is refused instead.
+- ``manifest.json``: what a run's numbers depend on besides its own overrides and seed: the
+  scenario file and its hash, ``--set``, the sha256 of every data file the points read (traces,
+  length files), the simbatch version. A restart into the same folder must present the same
+  manifest, otherwise old and new runs would be mixed in one table; it is refused instead.
 - ``points/<key>.json``: one finished simulation, named by a hash of what determines its numbers
   (the point's overrides and its seed). Written to a temporary file and renamed into place, so a
-  file that exists is complete: a sweep killed mid-write leaves no half record to trust.
+  file that exists is complete: a sweep killed mid-write leaves no half record to trust. A file
+  that is not such a record (truncated by a full disk, copied from elsewhere) is refused by name.
 
-How a task is executed (workers, Dask) is not in the manifest: it does not change the numbers.
+The swept values and the replication count are not in the manifest: a run is found by its key, so
+a sweep extended with new values or more replications reuses every run it already has. How a task
+is executed (workers, Dask) is not in it either: it does not change the numbers.
 """
 
 from __future__ import annotations
@@ -21,16 +25,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from simbatch.results import umask
+
 MANIFEST = "manifest.json"
 POINTS = "points"
 
 
 class StoreError(ValueError):
     """The output folder belongs to something else; the message says what and how to proceed."""
-
-
-def file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def run_key(overrides: list[str], seed: int) -> str:
@@ -42,6 +44,7 @@ def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` all at once: a temporary file in the same folder, then a rename."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~umask())  # mkstemp's files are private; results are the user's to share
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)
@@ -63,6 +66,8 @@ class Store:
         # Through JSON once, so tuples and lists, or ints and floats, compare as they will be read back.
         self.manifest = json.loads(json.dumps(manifest))
         self.points = self.out / POINTS
+        self.requested = 0  # runs asked of :meth:`load`
+        self.resumed = 0  # of which found finished on disk
 
     def check(self) -> None:
         """Refuse a folder holding another sweep, or anything else. Creates nothing."""
@@ -81,6 +86,12 @@ class Store:
         except (OSError, ValueError) as exc:
             raise StoreError(f"--out {self.out}: cannot read {MANIFEST} ({exc}); choose another --out") \
                 from None
+        data_then, data_now = old.get("data_sha256", {}), self.manifest.get("data_sha256", {})
+        changed_files = [f for f in data_now if f in data_then and data_then[f] != data_now[f]]
+        if changed_files:
+            raise StoreError(f"--out {self.out}: {changed_files[0]} changed since the runs in it were made "
+                             "(its sha256 differs), so they would mix with new ones; delete the folder to "
+                             "recompute, or choose another --out")
         if old != self.manifest:
             changed = "; ".join(_differences(old, self.manifest))
             raise StoreError(f"--out {self.out}: holds runs made with other arguments ({changed}); "
@@ -94,10 +105,27 @@ class Store:
                 from None
         write_atomic(self.out / MANIFEST, json.dumps(self.manifest, indent=2) + "\n")
 
-    def load(self, key: str) -> dict[str, Any] | None:
-        """A finished run's record, or None if it has not finished."""
+    def load(self, key: str, overrides: list[str], seed: int) -> dict[str, Any] | None:
+        """The finished record of the run ``(overrides, seed)`` stored under ``key``, or None.
+
+        StoreError names a file that is there but is not that run's complete record.
+        """
+        self.requested += 1
         path = self.points / f"{key}.json"
-        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+        if not path.is_file():
+            return None
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+            complete = (isinstance(record, dict) and record.get("overrides") == overrides
+                        and record.get("seed") == seed and isinstance(record.get("summary"), dict)
+                        and isinstance(record.get("stability"), dict))
+        except (OSError, ValueError):
+            complete = False
+        if not complete:
+            raise StoreError(f"{path}: not a finished run of this sweep (truncated, or from elsewhere); "
+                             "delete it to recompute")
+        self.resumed += 1
+        return record
 
     def save(self, key: str, record: dict[str, Any]) -> None:
         # Python's json writes NaN and Infinity (not strict JSON) and reads them back exactly, as it

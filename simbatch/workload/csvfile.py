@@ -38,10 +38,13 @@ def read_table(path: Path, where: str) -> pd.DataFrame:
         raise fail(path, where, "the file is empty; expected a header line and at least one data row") from None
     except pd.errors.ParserError as exc:
         found = re.search(r"line (\d+)", str(exc))
-        raise fail(path, where, f"not a well-formed CSV file: {exc}",
+        raise fail(path, where, f"not a well-formed CSV file: {str(exc).strip()}",
                    int(found.group(1)) if found else None) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise fail(path, where, f"cannot read the file: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise fail(path, where, f"not a text file (byte {exc.object[exc.start]:#04x} at offset {exc.start} is not "
+                                "UTF-8); is this the trace CSV file?") from None
+    except OSError as exc:
+        raise fail(path, where, f"cannot read the file: {exc.strerror or exc}") from None
     # Blank lines were kept as rows so that the index still counts file lines; drop them now.
     frame.index = pd.RangeIndex(_HEADER_LINE + 1, _HEADER_LINE + 1 + len(frame))
     frame = frame[(frame != "").any(axis=1)]
@@ -51,9 +54,28 @@ def read_table(path: Path, where: str) -> pd.DataFrame:
     return frame
 
 
+_COLUMN_NAME = re.compile(r"[\w .()/%#:-]{1,64}")
+_MAX_QUOTED = 40  # characters of a bad cell quoted in an error: enough to recognise it, no more
+
+
+def _looks_like_header(columns) -> bool:
+    """Whether a first line reads as column names (so quoting it helps), not as someone's data."""
+    names = [str(c) for c in columns]
+    return len(names) >= 2 and all(_COLUMN_NAME.fullmatch(n) and not n.strip().replace(".", "").isdigit()
+                                   for n in names)
+
+
 def column(frame: pd.DataFrame, name: str, path: Path, where: str) -> pd.Series:
-    """One column by name; ``where`` is the scenario field that chose the name."""
+    """One column by name; ``where`` is the scenario field that chose the name.
+
+    The header is quoted only when it looks like one: a file that is not a trace at all (a
+    password file, a binary) must not have its first line echoed to the terminal or a log.
+    """
     if name not in frame.columns:
+        if not _looks_like_header(frame.columns):
+            raise fail(path, where, f"column {name!r} not found, and the first line is not a header of column "
+                                    f"names ({len(frame.columns)} field(s)); is this the trace CSV file?",
+                       _HEADER_LINE)
         found = ", ".join(repr(str(c)) for c in frame.columns)
         raise fail(path, where, f"column {name!r} not found (the header has {found}); "
                                 f"set {where} to one of those", _HEADER_LINE)
@@ -68,7 +90,8 @@ def first_bad(raw: pd.Series, bad: np.ndarray) -> tuple[int, str, str]:
     flagged = np.flatnonzero(bad)
     more = len(flagged) - 1
     tail = f" (and {more} more row{'s' if more > 1 else ''} like it)" if more else ""
-    return int(raw.index[flagged[0]]), str(raw.iloc[flagged[0]]), tail
+    value = str(raw.iloc[flagged[0]])
+    return int(raw.index[flagged[0]]), value if len(value) <= _MAX_QUOTED else value[:_MAX_QUOTED] + "…", tail
 
 
 def whole_numbers(raw: pd.Series, path: Path, where: str, fix: str, minimum: int | None = None,

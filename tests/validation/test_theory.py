@@ -54,7 +54,7 @@ def test_closed_forms_on_known_cases():
     """Cases solved by hand."""
     lam, mu = 3.0, 5.0
     assert math.isclose(theory.pk_mean_wait_s(lam, 1 / mu, 2 / mu**2), (lam / mu) / (mu - lam), rel_tol=1e-12)
-    with pytest.raises(ValueError, match="utilization"):
+    with pytest.raises(ValueError, match="offered load"):
         theory.pk_mean_wait_s(5.0, 0.2, 0.08)
     assert theory.harmonic_number(1) == 1.0 and math.isclose(theory.harmonic_number(4), 25 / 12)
     assert math.isclose(theory.expected_max_exponential(4, 10.0), 250 / 12)

@@ -1,0 +1,83 @@
+"""Warnings for scenarios that are valid but do not do what they seem to.
+
+Validation refuses what cannot run; these are settings that run and silently do nothing, or
+traffic the engine will turn away whole. Each warning is one line naming the setting and the fix;
+``validate`` and ``run`` print them on stderr before anything is simulated.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simbatch.config import Batching, Scenario, replica_scenarios
+from simbatch.engine import rejection_reasons
+from simbatch.workload import WorkloadArrays
+
+
+def _rejected_everywhere(scenario: Scenario, workload: WorkloadArrays) -> str | None:
+    """A warning when no replica can ever serve any request of the workload (every one a 429)."""
+    if not len(workload):
+        return None
+    # Reasons depend on the lengths alone, so each distinct (prompt, output) pair is checked once.
+    pairs = np.unique(np.stack([workload.prompt_tokens, workload.output_tokens]), axis=1)
+    why: dict[str, int] = {}
+    distinct = {s.model_dump_json(include={"kv_cache", "batching"}): s for s in replica_scenarios(scenario)}
+    for replica in distinct.values():
+        reasons = rejection_reasons(replica, pairs[0], pairs[1])
+        if len(reasons) < pairs.shape[1]:
+            return None
+        for reason in reasons.values():
+            why[reason] = why.get(reason, 0) + 1
+    fixes = {"never_fits": "a request's KV (prompt + output tokens) exceeds kv_cache.num_blocks x block_size; "
+                           "raise num_blocks or shorten the requests",
+             "prompt_exceeds_budget": "prompts exceed batching.max_num_batched_tokens with chunked prefill off; "
+                                      "raise the budget or set enable_chunked_prefill: true"}
+    main = max(why, key=why.get)
+    return f"every request would be rejected ({main}): {fixes[main]}"
+
+
+def _unused_mode_knobs(batching: Batching) -> list[str]:
+    """Settings of another batching mode than the one that runs."""
+    out = []
+    if batching.max_wait_ms is not None and batching.mode != "static":
+        out.append(f"batching.max_wait_ms has no effect in {batching.mode} mode (static only); "
+                   "dynamic batching uses max_queue_delay_ms")
+    if "max_queue_delay_ms" in batching.model_fields_set and batching.mode != "dynamic":
+        out.append(f"batching.max_queue_delay_ms has no effect in {batching.mode} mode (dynamic only)")
+    if batching.long_prefill_token_threshold is not None and batching.mode != "continuous":
+        out.append(f"batching.long_prefill_token_threshold has no effect in {batching.mode} mode "
+                   "(continuous only)")
+    return out
+
+
+def advisories(scenario: Scenario, workload: WorkloadArrays, mode_fixed: bool = True) -> list[str]:
+    """One line per setting that has no effect here, or per reason nothing would be served.
+
+    ``mode_fixed``: the batching mode is the scenario's (``run``). A scenario checked for
+    ``compare`` (or by ``validate``, which cannot know) keeps each mode's knobs without a warning.
+    """
+    out = []
+    rejected = _rejected_everywhere(scenario, workload)
+    if rejected:
+        out.append(rejected)
+    arrival, sched, batching = scenario.workload.arrival, scenario.scheduler, scenario.batching
+    if "burstiness" in arrival.model_fields_set and arrival.process != "gamma" and scenario.workload.trace is None:
+        out.append(f"workload.arrival.burstiness has no effect with process {arrival.process}; "
+                   "set process: gamma to use it")
+    if sched.aging_s is not None and sched.policy != "priority":
+        out.append(f"scheduler.aging_s has no effect under policy {sched.policy}; it ages priorities "
+                   "(policy: priority)")
+    if "sjf_key" in sched.model_fields_set and sched.policy != "sjf":
+        out.append(f"scheduler.sjf_key has no effect under policy {sched.policy}; it orders policy: sjf")
+    if sched.tenant_weights and sched.policy != "fair":
+        out.append(f"scheduler.tenant_weights has no effect under policy {sched.policy}; "
+                   "they weight policy: fair")
+    unknown = sorted(set(sched.tenant_weights) - set(workload.tenant_names))
+    if unknown:
+        out.append(f"scheduler.tenant_weights names {', '.join(map(repr, unknown))}, which no class of "
+                   f"workload.classes is called (tenants: {', '.join(map(repr, workload.tenant_names))})")
+    if mode_fixed:
+        out += _unused_mode_knobs(batching)
+    if scenario.kv_cache.swap_blocks and sched.preemption != "swap":
+        out.append("kv_cache.swap_blocks has no effect with preemption: recompute; set preemption: swap")
+    return out

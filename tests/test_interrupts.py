@@ -1,0 +1,83 @@
+"""Stopping a command from outside: Ctrl-C (SIGINT) and SIGTERM on ``run`` and ``sweep``, and a reader
+that goes away. Each is a real process, signalled while it simulates: it must print "interrupted",
+exit 130 (SIGINT) or 143 (SIGTERM) within a second, and leave no result folder, hidden or not.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_cli import SCENARIOS
+
+from simbatch.cli.common import Terminated
+from simbatch.results import atomic_folder
+
+SIMBATCH = Path(sys.executable).with_name("simbatch")
+# Long enough to be caught simulating (tens of seconds), never run to the end.
+LONG_RUN = ["run", str(SCENARIOS / "stable.yaml"), "--set", "workload.duration_s=200000", "--out", "out"]
+LONG_SWEEP = ["sweep", str(SCENARIOS / "stable.yaml"), "--set", "workload.duration_s=200000",
+              "-p", "workload.arrival.rate=2,3", "-r", "2", "-w", "2", "-o", "sw"]
+
+
+def _signalled(args: list[str], cwd: Path, signum: int, after_s: float = 1.5) -> tuple[int, str, float]:
+    process = subprocess.Popen([str(SIMBATCH), *args], cwd=cwd, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    time.sleep(after_s)
+    assert process.poll() is None, "the command ended before it was signalled"
+    sent = time.monotonic()
+    process.send_signal(signum)
+    try:
+        _, err = process.communicate(timeout=10)
+    finally:
+        process.kill()
+    return process.returncode, err, time.monotonic() - sent
+
+
+@pytest.mark.parametrize(("signum", "code", "says"), [(signal.SIGINT, 130, "interrupted\n"),
+                                                        (signal.SIGTERM, 143, "interrupted (terminated)\n")])
+def test_run_stops_within_a_second_and_leaves_nothing(tmp_path, signum, code, says):
+    returncode, err, took = _signalled(LONG_RUN, tmp_path, signum)
+    assert (returncode, err) == (code, says) and took < 1.0, (returncode, err, took)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_sweep_stops_its_workers_within_a_second(tmp_path, signum, code):
+    returncode, err, took = _signalled(LONG_SWEEP, tmp_path, signum)
+    assert returncode == code and err.startswith("interrupted") and took < 1.0, (returncode, err, took)
+    # What the sweep keeps is what a restart resumes from: its manifest and finished runs, no temporaries.
+    assert sorted(p.name for p in (tmp_path / "sw").iterdir()) == ["manifest.json", "points"]
+    assert not [p for p in (tmp_path / "sw" / "points").iterdir() if p.suffix != ".json"]
+    workers = subprocess.run(["pgrep", "-f", f"multiprocessing.*{os.getpid()}"], capture_output=True)
+    assert workers.stdout == b""
+
+
+def test_ctrl_c_while_the_command_starts(tmp_path):
+    # A third of a second in, Python is importing simbatch's machinery: that, too, is an interruption.
+    returncode, err, took = _signalled(["validate", str(SCENARIOS / "stable.yaml")], tmp_path, signal.SIGINT, 0.3)
+    assert (returncode, err) == (130, "interrupted\n") and took < 1.0, (returncode, err, took)
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, Terminated])
+def test_an_interrupted_folder_is_removed(tmp_path, stop):
+    with pytest.raises(stop), atomic_folder(tmp_path / "run") as target:
+        (target.tmp / "summary.json").write_text("{}")
+        raise stop
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_closed_pipe_ends_the_output_not_the_run(tmp_path):
+    process = subprocess.Popen([str(SIMBATCH), "run", str(SCENARIOS / "stable.yaml"), "--set",
+                                "workload.duration_s=30", "--out", "out"], cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdout.readline().strip()  # like `| head -1`: one line, then the reader is gone
+    process.stdout.close()
+    err = process.stderr.read()
+    assert process.wait(timeout=60) == 0 and err == b""
+    assert (tmp_path / "out" / "summary.json").is_file()
