@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
+from typing import Any
 
 
 class Status(enum.IntEnum):
@@ -38,21 +39,81 @@ class Request:
     priority: int = 0
     replica: int = -1
     status: Status = Status.WAITING
-    num_computed_tokens: int = 0
-    num_generated: int = 0
     prefill_pending: bool = True  # computing known tokens before the next sample (prompt, or a recompute)
-    blocks: int = 0  # device KV blocks held
     swapped_blocks: int = 0  # host KV blocks held (swap preemption)
     admitted_seq: int = -1  # order of the latest admission into RUNNING; the newest is the LIFO victim
     num_preemptions: int = 0
     first_scheduled_s: float = math.nan
     first_token_s: float = math.nan
     finish_s: float = math.nan
-    last_token_s: float = math.nan
-    last_token_step: int = -2  # engine step that sampled the last token (ITL bookkeeping)
-    mark: int = 0  # scheduler clock at which a lockstep decode's counters were last brought up to date
     waiting_since_s: float = math.nan
     waiting_s: float = 0.0  # total time spent in WAITING, across preemptions
+    # The counters below change every step a request decodes. A lockstep scheduler advances its
+    # decoding requests together with one clock instead of one by one (schedulers/lockstep.py); while a
+    # request is in its group (``lockstep``), the stored values are those of step ``mark`` and the
+    # properties add the steps since, so that a Request always reads true.
+    _computed: int = 0
+    _generated: int = 0
+    _blocks: int = 0
+    _last_token_s: float = math.nan
+    _last_token_step: int = -2
+    lockstep: Any = None  # the LockstepScheduler advancing this request, if any
+    mark: int = 0  # that scheduler's clock when the stored counters were last true
+
+    @property
+    def num_computed_tokens(self) -> int:
+        """Tokens materialized in the KV cache."""
+        g = self.lockstep
+        return self._computed if g is None else self._computed + g.clock - self.mark
+
+    @num_computed_tokens.setter
+    def num_computed_tokens(self, value: int) -> None:
+        assert self.lockstep is None, "a lockstep member's counters belong to its scheduler"
+        self._computed = value
+
+    @property
+    def num_generated(self) -> int:
+        """Output tokens sampled so far."""
+        g = self.lockstep
+        return self._generated if g is None else self._generated + g.clock - self.mark
+
+    @num_generated.setter
+    def num_generated(self, value: int) -> None:
+        assert self.lockstep is None, "a lockstep member's counters belong to its scheduler"
+        self._generated = value
+
+    @property
+    def blocks(self) -> int:
+        """Device KV blocks held."""
+        g = self.lockstep
+        return self._blocks if g is None else g.member_blocks(self)
+
+    @blocks.setter
+    def blocks(self, value: int) -> None:
+        assert self.lockstep is None, "a lockstep member's counters belong to its scheduler"
+        self._blocks = value
+
+    @property
+    def last_token_s(self) -> float:
+        """When the last token was sampled."""
+        g = self.lockstep
+        return self._last_token_s if g is None or g.clock == self.mark else g.last_end_s
+
+    @last_token_s.setter
+    def last_token_s(self, value: float) -> None:
+        assert self.lockstep is None, "a lockstep member's counters belong to its scheduler"
+        self._last_token_s = value
+
+    @property
+    def last_token_step(self) -> int:
+        """Engine step that sampled the last token (ITL bookkeeping)."""
+        g = self.lockstep
+        return self._last_token_step if g is None or g.clock == self.mark else g.clock - 1
+
+    @last_token_step.setter
+    def last_token_step(self, value: int) -> None:
+        assert self.lockstep is None, "a lockstep member's counters belong to its scheduler"
+        self._last_token_step = value
 
     @property
     def remaining_tokens(self) -> int:

@@ -159,4 +159,3 @@ class Replica:
             start, shape, kv_blocks, contiguous = self._step_ctx
             self.recorder.steps(self.index, start / NS_PER_S, 1, replaced(shape, _ITL, 0), kv_blocks, contiguous)
             self._step_ctx = None
-        self.scheduler.sync()

@@ -7,9 +7,8 @@ one of three answers:
 - :class:`SleepUntil`: nothing to run before that time (a batching timer), unless a request arrives;
 - :data:`IDLE`: nothing to run until a request arrives.
 
-Tests build a scheduler, ``add`` requests, and step it by hand with ``schedule`` / ``finish_step``.
-The lockstep scheduler (``sim.fast_forward``) advances its decoding requests lazily, so call
-``sync()`` before reading a running request's counters there.
+Tests build a scheduler, ``add`` requests, and step it by hand with ``schedule`` / ``finish_step``;
+a request's counters are true whenever they are read, whichever scheduler advances it.
 """
 
 from __future__ import annotations
@@ -192,12 +191,8 @@ class BaseScheduler(ABC):
     def _block_holders(self) -> list[Request]:
         return self.running
 
-    def sync(self) -> None:  # noqa: B027 - a hook: most schedulers keep their counters current
-        """Bring every request's counters up to date (schedulers that update lazily override this)."""
-
     def check_invariants(self) -> None:
         """Raise AssertionError if the pools or the block accounting are inconsistent."""
-        self.sync()
         waiting = list(self.waiting)
         ids = [r.request_id for r in waiting] + [r.request_id for r in self.running]
         assert len(ids) == len(set(ids)), "a request is in two pools"

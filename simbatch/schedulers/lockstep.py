@@ -6,9 +6,10 @@ a step rather than the batch size.
 
 Lockstep decodes. Between events, every decoding request computes one token and samples one per
 step, so the scheduler does not touch them one by one: they form a *group* that advances with a
-clock. A member's counters are brought up to date (``_sync_member``) only when something looks at
-it; the blocks the group needs each step follow from each member's position within its block,
-counted per residue of the clock (``_phase``, stored twice over so that any ``block_size``
+clock. A member's counters are not touched as it advances: the :class:`~simbatch.request.Request`
+reads them through the clock (stored values plus the steps since it joined), so they are always true
+and cost nothing per step. The blocks the group needs each step follow from each member's position
+within its block, counted per residue of the clock (``_phase``, stored twice over so that any ``block_size``
 consecutive steps are one slice of it); the next completion is the top of a heap. A step then costs
 the requests that change in it, not the batch size, and a run of identical steps costs O(block_size).
 Anything unusual (a block shortage, a preemption) takes the member out of the group, and the
@@ -40,8 +41,8 @@ class LockstepScheduler(ContinuousScheduler):
         # The lockstep group (module docstring).
         self._group: dict[Request, None] = {}
         self._group_reserved = False  # the group holds its blocks for the step being planned
-        self._clock = 0  # steps executed: the number of the next step
-        self._last_end_s = 0.0
+        self.clock = 0  # steps executed: the number of the next step
+        self.last_end_s = 0.0
         # Members needing a new block in step t: _phase[t % block_size], which _phase[t % block_size
         # + block_size] repeats, so that steps t .. t + block_size - 1 are _phase[t % block_size:][:block_size].
         self._phase = [0] * (2 * kv.block_size)
@@ -89,13 +90,13 @@ class LockstepScheduler(ContinuousScheduler):
         """
         bs = self.kv.block_size
         if not lone:  # the group alone
-            if not self.kv.device.allocate(self._phase[self._clock % bs]):
+            if not self.kv.device.allocate(self._phase[self.clock % bs]):
                 return False
             self._group_reserved = self._granted_all = True
             self._budget -= len(self._group)
             return True
         extra = [(r.num_computed_tokens + bs) // bs - r.blocks for r in lone]
-        if not self.kv.device.allocate(self._phase[self._clock % bs] + sum(e for e in extra if e > 0)):
+        if not self.kv.device.allocate(self._phase[self.clock % bs] + sum(e for e in extra if e > 0)):
             return False
         for req, e in zip(lone, extra, strict=True):
             if e > 0:
@@ -112,7 +113,7 @@ class LockstepScheduler(ContinuousScheduler):
         bs = self.kv.block_size
         self._group_reserved, self._granted_all, self._granted = bool(self._group), False, set()
         self._budget -= len(self._group)
-        needers = list(self._phase_members[self._clock % bs])
+        needers = list(self._phase_members[self.clock % bs])
         for req in lone:
             self._take(req, 1)
             if (req.num_computed_tokens + bs) // bs > req.blocks:
@@ -138,40 +139,34 @@ class LockstepScheduler(ContinuousScheduler):
     # ---------------------------------------------------------------- the lockstep group
     def _join(self, req: Request) -> None:
         """``req`` just sampled a token and goes on decoding: from now on it advances with the clock."""
-        req.mark = self._clock
         bs = self.kv.block_size
-        p = (self._clock - req.num_computed_tokens) % bs
+        p = (self.clock - req.num_computed_tokens) % bs
         self._phase[p] += 1
         self._phase[p + bs] += 1
         self._phase_members[p][req] = None
-        heapq.heappush(self._done, (self._clock + req.output_tokens - req.num_generated, req.request_id, req))
+        heapq.heappush(self._done, (self.clock + req.output_tokens - req.num_generated, req.request_id, req))
         self._group[req] = None
+        req.mark, req.lockstep = self.clock, self  # from here its counters read through the clock
 
     def _leave(self, req: Request) -> None:
-        """Out of the lockstep, counters up to date (its heap entry goes stale: see _retire_done)."""
-        self._sync_member(req)
+        """Out of the lockstep, its counters stored as they stand (its heap entry goes stale: see
+        _retire_done)."""
         bs = self.kv.block_size
-        p = (req.mark - req.num_computed_tokens) % bs
+        p = (self.clock - req.num_computed_tokens) % bs
         self._phase[p] -= 1
         self._phase[p + bs] -= 1
         del self._phase_members[p][req]
         del self._group[req]
+        counters = (req.num_computed_tokens, req.num_generated, self.member_blocks(req), req.last_token_s,
+                    req.last_token_step)
+        req.lockstep = None
+        (req.num_computed_tokens, req.num_generated, req.blocks, req.last_token_s,
+         req.last_token_step) = counters
 
-    def _sync_member(self, req: Request) -> None:
-        """Bring a member's counters to the clock, counting the block it holds for the step planned."""
-        d = self._clock - req.mark
-        if d:
-            req.num_computed_tokens += d
-            req.num_generated += d
-            req.last_token_s = self._last_end_s
-            req.last_token_step = self._clock - 1
-            req.mark = self._clock
+    def member_blocks(self, req: Request) -> int:
+        """Blocks a member holds: those of its computed tokens, and the one reserved for the step planned."""
         planned = self._group_reserved and (self._granted_all or req in self._granted)
-        req.blocks = blocks_for(req.num_computed_tokens + planned, self.kv.block_size)
-
-    def sync(self) -> None:
-        for req in self._group:
-            self._sync_member(req)
+        return blocks_for(req.num_computed_tokens + planned, self.kv.block_size)
 
     def check_invariants(self) -> None:
         super().check_invariants()
@@ -181,7 +176,7 @@ class LockstepScheduler(ContinuousScheduler):
         done, group = self._done, self._group
         while done:
             t, _, req = done[0]
-            if req in group and t == req.mark + req.output_tokens - req.num_generated:
+            if req in group and t == self.clock + req.output_tokens - req.num_generated:
                 return
             heapq.heappop(done)
 
@@ -195,9 +190,9 @@ class LockstepScheduler(ContinuousScheduler):
     def _retire_done(self, end_s: float, outcome: StepOutcome) -> None:
         """Retire the members whose last token came at the end of this step, then drop the finished."""
         done, group, finished = self._done, self._group, outcome.finished
-        while done and done[0][0] <= self._clock:
+        while done and done[0][0] <= self.clock:
             t, _, req = heapq.heappop(done)
-            if req not in group or t != req.mark + req.output_tokens - req.num_generated:
+            if req not in group or t != self.clock + req.output_tokens - req.num_generated:
                 continue  # left the lockstep since (preempted or stalled)
             self._leave(req)
             self._retire(req, end_s)
@@ -245,7 +240,7 @@ class LockstepScheduler(ContinuousScheduler):
             (self._fifo and self.head_of_line_blocking and self._waiting_at_plan > 0)
 
     def kv_blocks_during(self, i: int) -> int:
-        return self._plan_used + self._group_blocks(self._clock + 1, self._clock + i)
+        return self._plan_used + self._group_blocks(self.clock + 1, self.clock + i)
 
     def kv_blocks_sum(self, n: int) -> int:
         # With s the clock, sum_{i=1..n} used(i) = n used(1) + sum over steps s < t < s + n of
@@ -254,7 +249,7 @@ class LockstepScheduler(ContinuousScheduler):
         if n <= 1:
             return n * self._plan_used
         bs, phase, size = self.kv.block_size, self._phase, len(self._group)
-        a = (self._clock + 1) % bs
+        a = (self.clock + 1) % bs
         cycles, rest = divmod(n - 1, bs)
         total = n * self._plan_used + sum(map(mul, phase[a:a + rest], range(rest, 0, -1)))
         if cycles:
@@ -268,9 +263,9 @@ class LockstepScheduler(ContinuousScheduler):
         taken = self.kv.device.allocate(self._group_blocks(step + 1, step + n))
         assert taken, "a run of steps took blocks that were not free"
         self._group_reserved = False
-        self._clock, self._last_end_s = step + n, end_s
+        self.clock, self.last_end_s = step + n, end_s
         outcome = StepOutcome([], n * len(plan.group), [])
-        if self._done and self._done[0][0] <= self._clock:
+        if self._done and self._done[0][0] <= self.clock:
             self._retire_done(end_s, outcome)
         return outcome
 
@@ -280,10 +275,10 @@ class LockstepScheduler(ContinuousScheduler):
     # ---------------------------------------------------------------- execution
     def finish_step(self, plan: StepPlan, end_s: float, step: int) -> StepOutcome:
         self._group_reserved = False
-        self._clock, self._last_end_s = step + 1, end_s
+        self.clock, self.last_end_s = step + 1, end_s
         outcome = StepOutcome([], len(plan.group), [])  # members emitted last step too: regular gaps
         self._apply_slices(plan, end_s, step, outcome)
-        if self._done and self._done[0][0] <= self._clock:
+        if self._done and self._done[0][0] <= self.clock:
             self._retire_done(end_s, outcome)
         elif outcome.finished:
             self._drop_finished(outcome.finished)
