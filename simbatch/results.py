@@ -271,7 +271,8 @@ def _write_run_files(folder: Path, result: Result) -> None:
     # A config's infinity is a setting (rate: inf), written "inf" so that the file loads back as it was.
     _write_json(folder / "resolved_config.json", json_safe(result.scenario.model_dump(mode="json"), str))
     _write_json(folder / "summary.json", summary_record(result))
-    write_frames(folder, {"requests": result.requests, "iterations": result.iterations})
+    write_frames(folder, {"requests": result.requests, "iterations": result.iterations,
+                          "stall_gaps": pd.DataFrame({"stall_gap_s": np.sort(np.asarray(result.stall_gaps_s))})})
 
 
 def _write_provenance(folder: Path, scenario: Scenario) -> None:

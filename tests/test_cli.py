@@ -33,6 +33,7 @@ VLLM_KEYS = ("duration", "completed", "num_requests", "request_throughput", "out
              "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "median_itl_ms", "p99_itl_ms",
              "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms")
 RUN_FILES = {"scenario.yaml", "run.json", "resolved_config.json", "summary.json", "requests.csv", "iterations.csv",
+             "stall_gaps.csv",
              "plots"}
 RUN_PLOTS = {"output_throughput.png", "running_waiting.png", "kv_usage.png", "batch_size.png", "ttft_cdf.png",
              "e2e_histogram.png"}
@@ -205,7 +206,7 @@ def test_parquet_twins_when_pyarrow_is_importable(tmp_path, monkeypatch):
     monkeypatch.setattr(results, "parquet_available", lambda: True)
     out = tmp_path / "with"
     assert invoke("run", SCENARIOS / "stable.yaml", "--set", "workload.num_requests=5", "-q", "--out", out).exit_code == 0
-    assert sorted(written) == ["iterations.parquet", "requests.parquet"]
+    assert sorted(written) == ["iterations.parquet", "requests.parquet", "stall_gaps.parquet"]
     assert {p.name for p in out.glob("*.parquet")} == set(written)
 
 

@@ -15,6 +15,8 @@ import yaml
 from test_cli import REPO, SCENARIOS, invoke, write_scenario
 
 from simbatch import __version__, results
+from simbatch.metrics.stats import describe_ms
+from simbatch.metrics.summary import itl_sample
 from simbatch.results import file_sha256, safe_name
 from simbatch.text import printable, spreadsheet_safe
 
@@ -131,3 +133,17 @@ def test_spreadsheet_safe(cell, safe):
 def test_printable_escapes_controls_and_cuts():
     assert printable("a\x1b[31mb\nc\u202ed") == "a\\x1b[31mb\\nc\\u202ed"
     assert printable("abcdef", 4) == "abc…"
+
+
+def test_a_folder_holds_what_recomputes_its_itl_percentiles(tmp_path):
+    # Preemptions under memory pressure make stall gaps, which the iterations alone do not hold.
+    out = tmp_path / "run"
+    result = invoke("run", SCENARIOS / "memory_pressure.yaml", "--set", "workload.num_requests=150", "--no-plots",
+                    "-q", "--out", out)
+    assert result.exit_code == 0, result.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    iterations, stalls = pd.read_csv(out / "iterations.csv"), pd.read_csv(out / "stall_gaps.csv")
+    assert summary["num_preemptions"] > 0 and len(stalls) > 0
+    again = describe_ms("itl", *itl_sample(iterations, stalls["stall_gap_s"]))
+    for key in ("mean_itl_ms", "median_itl_ms", "p99_itl_ms", "std_itl_ms"):
+        assert again[key] == pytest.approx(summary[key], rel=1e-12), key

@@ -20,7 +20,9 @@ Per engine step (the ``iterations`` frame): one row per run of identical consecu
 
 Per token: ``itl`` (inter-token latency) is the gap between two consecutive tokens of one request,
 over every token after a request's first. A decoding request emits a token every step, so most
-gaps equal one step's duration; gaps across a preemption or a stall are recorded one by one.
+gaps equal one step's duration; gaps across a preemption or a stall are recorded one by one
+(``stall_gaps``: a result folder keeps them in ``stall_gaps.csv``, so that its ITL percentiles can be
+recomputed from its files alone).
 
 The summary uses ``vllm bench serve``'s key names:
 
@@ -128,6 +130,20 @@ def iterations_frame(rec: Recorder) -> pd.DataFrame:
     return frame
 
 
+def itl_sample(iterations: pd.DataFrame, stall_gaps_s) -> tuple[np.ndarray, np.ndarray]:
+    """Every inter-token gap of the run, as (values, weights): each iterations row's step duration,
+    weighted by its regular gaps (``itl_tokens`` x ``num_steps``), then each stall gap once.
+
+    Stall gaps are a multiset, recorded in whatever order the replicas' steps interleave: sorted, every
+    sum over them is the same however the engine reached them.
+    """
+    stalls = np.sort(np.asarray(stall_gaps_s, dtype=np.float64))
+    values = np.concatenate([iterations["duration_s"].to_numpy(dtype=np.float64), stalls])
+    weights = np.concatenate([(iterations["itl_tokens"] * iterations["num_steps"]).to_numpy(dtype=np.int64),
+                              np.ones(len(stalls), dtype=np.int64)])
+    return values, weights
+
+
 def summarize(scenario: Scenario, requests: pd.DataFrame, iterations: pd.DataFrame, rec: Recorder,
               end_s: float) -> dict:
     duration = end_s
@@ -164,12 +180,7 @@ def summarize(scenario: Scenario, requests: pd.DataFrame, iterations: pd.DataFra
 
     out |= describe_ms("ttft", done["ttft_s"].to_numpy(), percentiles=extra("ttft"))
     out |= describe_ms("tpot", done["tpot_s"].to_numpy(), percentiles=extra("tpot"))
-    # Stall gaps are a multiset, recorded in whatever order the replicas' steps interleave: sorted,
-    # every sum over them is the same however the engine reached them.
-    itl_values = np.concatenate([iterations["duration_s"].to_numpy(), np.sort(np.asarray(rec.stall_gaps_s))])
-    itl_weights = np.concatenate([(iterations["itl_tokens"] * iterations["num_steps"]).to_numpy(),
-                                  np.ones(len(rec.stall_gaps_s), dtype=np.int64)])
-    out |= describe_ms("itl", itl_values, itl_weights, percentiles=extra("itl"))
+    out |= describe_ms("itl", *itl_sample(iterations, rec.stall_gaps_s), percentiles=extra("itl"))
     out |= describe_ms("e2el", done["e2e_s"].to_numpy(), percentiles=extra("e2el"))
     if scenario.workload.max_concurrency is not None:
         out |= describe_ms("client_wait", requests["client_wait_s"].to_numpy())
