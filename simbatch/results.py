@@ -45,15 +45,12 @@ import yaml
 
 from simbatch import __version__, plots
 from simbatch.config import Scenario
+from simbatch.errors import OutputError  # noqa: F401 - raised here, caught by the command line
 from simbatch.simulation import Result
 from simbatch.text import spreadsheet_safe_frame
 
 RESULTS_ROOT = Path("results")
 _NAME_LENGTH = 64
-
-
-class OutputError(Exception):
-    """The result folder cannot be written where asked; the message says why and what to do."""
 
 
 def safe_name(label: str) -> str:

@@ -9,8 +9,10 @@ injection" OWASP warns about). Both are neutralised here, in one place.
 from __future__ import annotations
 
 import unicodedata
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:
+    import pandas as pd
 
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 """First characters that make a spreadsheet read a cell as a formula (OWASP, "CSV Injection")."""
@@ -32,6 +34,8 @@ def spreadsheet_safe(value: str) -> str:
 def spreadsheet_safe_frame(frame: pd.DataFrame) -> pd.DataFrame:
     """``frame`` with every text cell (object, string and categorical columns) made spreadsheet-safe,
     for writing as CSV. Numbers are left alone: -3 is a number to a spreadsheet, not a formula."""
+    import pandas as pd  # only when writing frames: printing text must stay light
+
     out = frame
     for name in frame.columns:
         column = frame[name]

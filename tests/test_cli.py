@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -349,3 +350,12 @@ def test_capacity_bad_flags(args, complaint):
     result = invoke("capacity", *args)
     assert result.exit_code == 2
     assert complaint in result.stderr and "Traceback" not in result.stderr
+
+
+def test_help_imports_none_of_the_heavy_libraries():
+    # Every command imports the simulator, the frames and the plots when it runs, not to list itself.
+    code = ("import sys\nfrom simbatch.cli import app\nsys.argv = ['simbatch', '--help']\n"
+            "try:\n    app()\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('matplotlib', 'simpy', 'pandas', 'scipy', 'numpy') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "[]"

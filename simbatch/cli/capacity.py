@@ -8,13 +8,10 @@ from pathlib import Path
 import typer
 from pydantic import ValidationError
 
-from simbatch import guard, report
+from simbatch import guard
 from simbatch.cli.common import FORCE_OPT, BadInput, reports_bad_input
 from simbatch.config import Device
-from simbatch.cost import stability
 from simbatch.loading import load_scenario
-from simbatch.simulation import expected_stability
-from simbatch.workload import generate
 
 
 def _flag(name: str) -> str:
@@ -60,6 +57,11 @@ def capacity(
     the roofline 1/β. Given a rate and a mean output length, the traffic's utilization and the
     concurrency it demands (Little's law) are checked against max_num_seqs × replicas.
     """
+    from simbatch import report
+    from simbatch.cost import stability
+    from simbatch.simulation import expected_stability
+    from simbatch.workload import generate
+
     for flag, value in (("--max-num-seqs", max_num_seqs), ("--rate", rate),
                         ("--mean-output-tokens", mean_output_tokens), ("--replicas", replicas)):
         _positive(flag, value)

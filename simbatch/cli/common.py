@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterator
 import typer
 
 from simbatch.config import Scenario
+from simbatch.errors import OutputError
 from simbatch.guard import TooLarge
 from simbatch.loading import ScenarioError
-from simbatch.results import OutputError
 from simbatch.text import printable
 
 EXIT_BAD_INPUT = 2

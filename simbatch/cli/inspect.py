@@ -12,14 +12,15 @@ from simbatch.cli.common import FORCE_OPT, reports_bad_input, warn
 from simbatch.cli.run import SCENARIO_ARG, SET_OPT
 from simbatch.config import Scenario
 from simbatch.loading import load_scenario
-from simbatch.simulation import expected_stability
 from simbatch.text import printable
-from simbatch.workload import generate
 
 
 @reports_bad_input
 def validate(scenario_file: Path = SCENARIO_ARG, sets: list[str] = SET_OPT, force: bool = FORCE_OPT) -> None:
     """Check a scenario, and the data files it reads, without simulating it."""
+    from simbatch.simulation import expected_stability
+    from simbatch.workload import generate
+
     scenario = load_scenario(scenario_file, sets)
     guard.check_run(scenario, force)
     workload = generate(scenario)  # reads and checks traces and length files row by row

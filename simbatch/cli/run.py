@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import get_args
+from typing import TYPE_CHECKING, get_args
 
 import typer
 
-from simbatch import guard, report, results
+from simbatch import guard
 from simbatch.cli.bench_flags import (
     BurstinessOpt,
     GoodputOpt,
@@ -19,12 +19,15 @@ from simbatch.cli.bench_flags import (
     bench_overrides,
 )
 from simbatch.cli.common import FORCE_OPT, BadInput, overrides, progress, reports_bad_input, warn
-from simbatch.compare import CompareInputError, load_sources, shares_workload, variants, write_sources
 from simbatch.config import Batching, Scenario
 from simbatch.loading import load_scenario
-from simbatch.simulation import Result, expected_stability, simulate
 from simbatch.text import printable
-from simbatch.workload import generate
+
+if TYPE_CHECKING:
+    from simbatch.simulation import Result
+
+# Commands import the simulator, the frames and the plots when they run, so that `simbatch --help`
+# costs neither NumPy, pandas, SimPy nor matplotlib.
 
 MODES: tuple[str, ...] = get_args(Batching.model_fields["mode"].annotation)
 
@@ -42,11 +45,15 @@ NO_PLOTS_OPT = typer.Option(False, "--no-plots", help="Write no plots (batch use
 
 
 def _simulate(scenario: Scenario, label: str, total: int, quiet: bool, workload=None) -> Result:
+    from simbatch.simulation import simulate
+
     with progress(label, total, quiet) as on_progress:
         return simulate(scenario, on_progress=on_progress, workload=workload)
 
 
 def _table(scenario: Scenario, summary: dict) -> str:
+    from simbatch import report
+
     return report.result_table(summary, scenario.metrics.percentile_metrics, scenario.metrics.metric_percentiles)
 
 
@@ -64,6 +71,10 @@ def run(scenario_file: Path = SCENARIO_ARG,
     The flags named as in `vllm bench serve` (--request-rate, --burstiness, --num-prompts,
     --max-concurrency, --percentile-metrics, --metric-percentiles, --goodput) set scenario keys.
     """
+    from simbatch import report, results
+    from simbatch.simulation import expected_stability
+    from simbatch.workload import generate
+
     bench = bench_overrides(request_rate, burstiness, num_prompts, max_concurrency, percentile_metrics,
                             metric_percentiles, goodput)
     scenario = load_scenario(scenario_file, overrides([*(sets or []), *bench], **{"batching.mode": mode, "seed": seed}))
@@ -128,6 +139,11 @@ def compare(sources: list[Path] = SOURCES_ARG,
     simbatch compare chat.yaml --vary scheduler.policy=fcfs,sjf,priority;
     simbatch compare results/a results/b vllm_result.json
     """
+    from simbatch import report, results
+    from simbatch.compare import CompareInputError, shares_workload, variants
+    from simbatch.simulation import expected_stability
+    from simbatch.workload import generate
+
     say = (lambda text: None) if quiet else typer.echo
     bench = bench_overrides(request_rate, burstiness, num_prompts, max_concurrency, percentile_metrics,
                             metric_percentiles, goodput)
@@ -171,6 +187,9 @@ def compare(sources: list[Path] = SOURCES_ARG,
 
 def _compare_runs(sources: list[Path], out: Path | None, no_plots: bool, quiet: bool, say) -> None:
     """``compare`` of existing runs: result folders and vLLM result files, read, tabled, plotted."""
+    from simbatch import report, results
+    from simbatch.compare import load_sources, write_sources
+
     if len(sources) < 2 or any(p.suffix in (".yaml", ".yml") for p in sources):
         raise BadInput(f"compare {' '.join(map(str, sources))}: give one scenario file, or two or more "
                        "result folders and vllm bench serve --save-result JSON files")
