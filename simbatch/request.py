@@ -50,21 +50,20 @@ class Request:
     waiting_s: float = 0.0  # total time spent in WAITING, across preemptions
     # The counters below change every step a request decodes. A lockstep scheduler advances its
     # decoding requests together with one clock instead of one by one (schedulers/lockstep.py); while a
-    # request is in its group (``lockstep``), the stored values are those of step ``mark`` and the
-    # properties add the steps since, so that a Request always reads true.
+    # request is in its group (``lockstep``), the stored values are those of the step it joined, and
+    # the properties add the steps since, so that a Request always reads true.
     _computed: int = 0
     _generated: int = 0
     _blocks: int = 0
     _last_token_s: float = math.nan
     _last_token_step: int = -2
     lockstep: Any = None  # the LockstepScheduler advancing this request, if any
-    mark: int = 0  # that scheduler's clock when the stored counters were last true
 
     @property
     def num_computed_tokens(self) -> int:
         """Tokens materialized in the KV cache."""
         g = self.lockstep
-        return self._computed if g is None else self._computed + g.clock - self.mark
+        return self._computed if g is None else self._computed + g.steps_since(self)
 
     @num_computed_tokens.setter
     def num_computed_tokens(self, value: int) -> None:
@@ -75,7 +74,7 @@ class Request:
     def num_generated(self) -> int:
         """Output tokens sampled so far."""
         g = self.lockstep
-        return self._generated if g is None else self._generated + g.clock - self.mark
+        return self._generated if g is None else self._generated + g.steps_since(self)
 
     @num_generated.setter
     def num_generated(self, value: int) -> None:
@@ -97,7 +96,7 @@ class Request:
     def last_token_s(self) -> float:
         """When the last token was sampled."""
         g = self.lockstep
-        return self._last_token_s if g is None or g.clock == self.mark else g.last_end_s
+        return self._last_token_s if g is None or not g.steps_since(self) else g.last_end_s
 
     @last_token_s.setter
     def last_token_s(self, value: float) -> None:
@@ -108,7 +107,7 @@ class Request:
     def last_token_step(self) -> int:
         """Engine step that sampled the last token (ITL bookkeeping)."""
         g = self.lockstep
-        return self._last_token_step if g is None or g.clock == self.mark else g.clock - 1
+        return self._last_token_step if g is None or not g.steps_since(self) else g.clock - 1
 
     @last_token_step.setter
     def last_token_step(self, value: int) -> None:

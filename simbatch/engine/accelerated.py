@@ -18,10 +18,36 @@ bit for bit, on scenarios full of exact ties):
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 from simbatch.clock import NS_PER_S, Late
 from simbatch.engine.replica import _ITL, _WAITING, Replica, replaced
 from simbatch.schedulers import StepPlan
+from simbatch.schedulers.base import StepOutcome
+
+
+class FastForward(Protocol):
+    """What a scheduler offers the accelerated engine (the lockstep and request-level schedulers do).
+
+    Between scheduling events a plan repeats: the same requests decode, step after step, at the same
+    step time. These methods let the engine take such a run of steps in one go, with exactly the state
+    that stepping one at a time would leave.
+    """
+
+    def repeatable_steps(self, plan: StepPlan, step: int) -> int:
+        """How many consecutive steps identical to ``plan`` (itself included) run if nothing arrives."""
+
+    def plan_survives_arrivals(self) -> bool:
+        """Whether the run planned last goes on unchanged now that requests have arrived mid-run."""
+
+    def finish_steps(self, plan: StepPlan, n: int, end_s: float, step: int) -> StepOutcome:
+        """Apply ``n`` repeats of ``plan`` (``step`` is the first one's number, ``end_s`` the last one's end)."""
+
+    def kv_blocks_during(self, i: int) -> int:
+        """Device blocks in use during the ``i``-th step (1-based) of the run planned last."""
+
+    def kv_blocks_sum(self, n: int) -> int:
+        """Sum over the first ``n`` steps of the run planned last of the blocks in use."""
 
 
 def steps_to_reach(start_ns: int, step_ns: int, t_ns: int) -> int:
@@ -35,6 +61,8 @@ def steps_to_reach(start_ns: int, step_ns: int, t_ns: int) -> int:
 
 class AcceleratedReplica(Replica):
     """A :class:`~simbatch.engine.replica.Replica` that takes runs of steps in one go and may run ahead."""
+
+    scheduler: FastForward
 
     def __init__(self, *args, **kwargs):
         self._run_start_ns = 0  # the run of steps in progress: start and step time

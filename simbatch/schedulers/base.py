@@ -117,31 +117,6 @@ class BaseScheduler(ABC):
     def finish_step(self, plan: StepPlan, end_s: float, step: int) -> StepOutcome:
         """Apply ``plan``'s work, which ended at ``end_s``; ``step`` numbers the engine's steps."""
 
-    # ---------------------------------------------------------------- fast-forward
-    # Between scheduling events a plan repeats: the same requests decode, step after step, at the
-    # same step time. These three methods let the engine take such a run of steps in one go, with
-    # exactly the state that stepping one at a time would leave.
-    def repeatable_steps(self, plan: StepPlan, step: int) -> int:
-        """How many consecutive steps identical to ``plan`` (itself included) run if nothing arrives."""
-        return 1
-
-    def plan_survives_arrivals(self) -> bool:
-        """Whether the run planned last goes on unchanged now that requests have arrived mid-run."""
-        return False
-
-    def finish_steps(self, plan: StepPlan, n: int, end_s: float, step: int) -> StepOutcome:
-        """Apply ``n`` repeats of ``plan`` (``step`` is the first one's number, ``end_s`` the last one's end)."""
-        assert n == 1, "this scheduler does not fast-forward"
-        return self.finish_step(plan, end_s, step)
-
-    def kv_blocks_during(self, i: int) -> int:
-        """Device blocks in use during the ``i``-th step (1-based) of the run planned last."""
-        return self.kv.device.num_used
-
-    def kv_blocks_sum(self, n: int) -> int:
-        """Sum over the first ``n`` steps of the run planned last of the blocks in use."""
-        return n * self.kv.device.num_used
-
     @property
     def num_waiting(self) -> int:
         return len(self.waiting)

@@ -39,7 +39,7 @@ class LockstepScheduler(ContinuousScheduler):
         self._fifo = scenario.scheduler.policy == "fcfs"
         self._waiting_at_plan = 0
         # The lockstep group (module docstring).
-        self._group: dict[Request, None] = {}
+        self._group: dict[Request, int] = {}  # member -> the clock when it joined
         self._group_reserved = False  # the group holds its blocks for the step being planned
         self.clock = 0  # steps executed: the number of the next step
         self.last_end_s = 0.0
@@ -145,8 +145,8 @@ class LockstepScheduler(ContinuousScheduler):
         self._phase[p + bs] += 1
         self._phase_members[p][req] = None
         heapq.heappush(self._done, (self.clock + req.output_tokens - req.num_generated, req.request_id, req))
-        self._group[req] = None
-        req.mark, req.lockstep = self.clock, self  # from here its counters read through the clock
+        self._group[req] = self.clock
+        req.lockstep = self  # from here its counters read through the clock (steps_since)
 
     def _leave(self, req: Request) -> None:
         """Out of the lockstep, its counters stored as they stand (its heap entry goes stale: see
@@ -156,12 +156,16 @@ class LockstepScheduler(ContinuousScheduler):
         self._phase[p] -= 1
         self._phase[p + bs] -= 1
         del self._phase_members[p][req]
-        del self._group[req]
         counters = (req.num_computed_tokens, req.num_generated, self.member_blocks(req), req.last_token_s,
                     req.last_token_step)
+        del self._group[req]
         req.lockstep = None
         (req.num_computed_tokens, req.num_generated, req.blocks, req.last_token_s,
          req.last_token_step) = counters
+
+    def steps_since(self, req: Request) -> int:
+        """Steps a member has advanced since it joined (its stored counters are those of then)."""
+        return self.clock - self._group[req]
 
     def member_blocks(self, req: Request) -> int:
         """Blocks a member holds: those of its computed tokens, and the one reserved for the step planned."""

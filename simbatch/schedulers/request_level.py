@@ -137,7 +137,7 @@ class RequestLevelScheduler(BaseScheduler):
                 plan.padded_decode_seqs += 1
         return plan
 
-    # ---------------------------------------------------------------- fast-forward
+    # ---------------------------------------------------------------- fast-forward (engine/accelerated.py)
     def repeatable_steps(self, plan: StepPlan, step: int) -> int:
         """A batch's decode steps repeat until its next request finishes; memory is reserved up front."""
         if not self._prefilled:
@@ -146,6 +146,12 @@ class RequestLevelScheduler(BaseScheduler):
 
     def plan_survives_arrivals(self) -> bool:
         return True  # a running batch's membership is frozen
+
+    def kv_blocks_during(self, i: int) -> int:
+        return self.kv.device.num_used  # reserved for the whole batch at its start
+
+    def kv_blocks_sum(self, n: int) -> int:
+        return n * self.kv.device.num_used
 
     def finish_steps(self, plan: StepPlan, n: int, end_s: float, step: int) -> StepOutcome:
         if n == 1:
