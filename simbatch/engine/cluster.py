@@ -52,6 +52,13 @@ def _stop_ns(max_time_s: float) -> int:
     return max(1, to_ns(max_time_s))
 
 
+def _chunked(column: np.ndarray, chunk: int = 65_536):
+    """A column's values as Python scalars (read one at a time, several times faster than NumPy's),
+    converted a chunk at a time: a million of them at once would hold hundreds of MB for the run."""
+    for start in range(0, len(column), chunk):
+        yield from column[start:start + chunk].tolist()
+
+
 class Engine:
     """The whole model for one scenario: build it, ``run()`` it, read its recorder."""
 
@@ -68,8 +75,7 @@ class Engine:
         self.router = make_router(scenario, workload.session)
         self.on_progress = on_progress
         self.arrivals_done = False
-        # Integers: exact on the clock's grid, and faster to read one at a time than NumPy's.
-        self._arrival_ns = np.rint(workload.arrival_s * NS_PER_S).astype(np.int64).tolist()
+        self._arrival_ns = np.rint(workload.arrival_s * NS_PER_S).astype(np.int64)  # exact on the clock's grid
         # With a signal delay, the router reads snapshots taken signal_delay_ms before each arrival.
         self._views: deque[tuple[Load, ...]] | None = None
         if scenario.cluster.signal_delay_ms > 0:
@@ -100,7 +106,7 @@ class Engine:
         refreshed at some polling period. Cost: one event and one snapshot of N replicas per arrival.
         """
         env, delay_ns = self.env, to_ns(self.scenario.cluster.signal_delay_ms / 1e3)
-        for t in self._arrival_ns:
+        for t in _chunked(self._arrival_ns):
             if t - delay_ns > env.now:
                 yield Urgent(env, t - delay_ns - env.now)
             self._views.append(tuple(Load.of(r) for r in self.replicas))
@@ -117,10 +123,8 @@ class Engine:
         env, wl, rec, sc = self.env, self.workload, self.recorder, self.scenario
         max_waiting, max_in_flight = sc.scheduler.max_waiting, sc.cluster.max_in_flight
         replicas, views = self.replicas, self._views
-        arrival_ns = self._arrival_ns
-        prompts, outputs = wl.prompt_tokens.tolist(), wl.output_tokens.tolist()
-        tenants, priorities = wl.tenant.tolist(), wl.priority.tolist()
-        arrival_s = wl.arrival_s.tolist()
+        rows = zip(_chunked(self._arrival_ns), _chunked(wl.arrival_s), _chunked(wl.prompt_tokens),
+                   _chunked(wl.output_tokens), _chunked(wl.tenant), _chunked(wl.priority), strict=True)
         single = len(replicas) == 1 and views is None
         lone = self._lone  # told when each request will arrive
         client = self.client
@@ -128,7 +132,7 @@ class Engine:
         stop_sending_ns = to_ns(sc.workload.duration_s) \
             if client is not None and not client.open_loop and sc.workload.duration_s is not None else None
         rejected = [rejection_reasons(s, wl.prompt_tokens, wl.output_tokens) for s in self.replica_scenarios]
-        for i, t in enumerate(arrival_ns):
+        for i, (t, t_s, prompt, output, tenant, priority) in enumerate(rows):
             if lone is not None:
                 lone.next_arrival_ns = t
             if client is not None:
@@ -140,7 +144,7 @@ class Engine:
             else:
                 if t > env.now:
                     yield Urgent(env, t - env.now)
-                now_s = arrival_s[i]
+                now_s = t_s
             if self.on_progress is not None and i % 1024 == 0:
                 self.on_progress(now_s, i)
             view = None if views is None else views.popleft()
@@ -164,7 +168,7 @@ class Engine:
                     client.done()
                 continue
             rec.arrive(now_s, i)
-            replica.submit(Request(i, now_s, prompts[i], outputs[i], tenants[i], priorities[i]), now_s)
+            replica.submit(Request(i, now_s, prompt, output, tenant, priority), now_s)
         if lone is not None:
             lone.next_arrival_ns = math.inf
         self.arrivals_done = True

@@ -27,6 +27,8 @@ SHAPE_COLUMNS = ("duration_s", "num_running", "num_waiting", "batch_size", "deco
                  "padded_tokens", "itl_tokens", "num_preempted", "swap_blocks")
 RUN_COLUMNS = ("replica", "start_s", "num_steps", *SHAPE_COLUMNS, "kv_blocks_sum")
 FLOAT_COLUMNS = frozenset({"start_s", "duration_s"})
+# Sums over a run's steps can pass 2**31; every other count fits in 32 bits (a step's tokens, a pool).
+WIDE_COLUMNS = frozenset({"num_steps", "kv_blocks_sum"})
 _PACK_ROWS = 65_536  # closed runs kept as tuples until this many, then packed into one float array
 
 
@@ -140,9 +142,17 @@ class Recorder:
             self._packed.append(np.array(self._rows, dtype=np.float64))
             self._rows = []
 
-    def runs(self) -> dict[str, np.ndarray]:
-        """Every closed run, column by column (call after ``close``)."""
+    def take_runs(self) -> dict[str, np.ndarray]:
+        """Every closed run, column by column (call after ``close``), handing the rows over: the
+        recorder keeps none, so at the end of a long run the rows and the frame never both stand whole.
+
+        Counts are int32 (sums over a run's steps int64), times float64, each column built straight
+        from the packed blocks.
+        """
         blocks = [*self._packed, np.array(self._rows, dtype=np.float64).reshape(-1, len(RUN_COLUMNS))]
-        table = np.concatenate(blocks)
-        return {name: table[:, i] if name in FLOAT_COLUMNS else table[:, i].astype(np.int64)
-                for i, name in enumerate(RUN_COLUMNS)}
+        self._packed, self._rows = [], []
+        out = {}
+        for i, name in enumerate(RUN_COLUMNS):
+            dtype = np.float64 if name in FLOAT_COLUMNS else np.int64 if name in WIDE_COLUMNS else np.int32
+            out[name] = np.concatenate([b[:, i] for b in blocks]).astype(dtype, copy=False)
+        return out

@@ -73,7 +73,7 @@ import pandas as pd
 
 from simbatch.config import Scenario, replica_scenarios
 from simbatch.metrics.cluster import busy_s, cluster_summary
-from simbatch.metrics.recorder import FINISHED, REJECTED, RUN_COLUMNS, STATUS_NAMES, Recorder
+from simbatch.metrics.recorder import FINISHED, REJECTED, STATUS_NAMES, Recorder
 from simbatch.metrics.stats import describe_ms
 from simbatch.workload import WorkloadArrays
 
@@ -120,11 +120,14 @@ def requests_frame(wl: WorkloadArrays, rec: Recorder) -> pd.DataFrame:
 
 
 def iterations_frame(rec: Recorder) -> pd.DataFrame:
-    runs = rec.runs()  # arrays made for this call, so the frame can keep them (see requests_frame)
-    # Strided columns (views into one wide table) are copied contiguous, which lets the table go.
-    frame = pd.DataFrame({name: np.ascontiguousarray(runs[name]) for name in RUN_COLUMNS}, copy=False)
-    # Per replica, in time order: a total order that rounding cannot perturb (unlike time first).
-    frame = frame.sort_values(["replica", "start_s"], kind="stable", ignore_index=True)
+    runs = rec.take_runs()  # arrays made for this call, so the frame can keep them (see requests_frame)
+    # Per replica, in time order: each replica's runs close in time order, so a stable sort by replica
+    # alone orders them (and a lone replica's are in order already).
+    replica = runs["replica"]
+    if len(replica) and replica.min() != replica.max():
+        order = np.argsort(replica, kind="stable")
+        runs = {name: column[order] for name, column in runs.items()}
+    frame = pd.DataFrame(runs, copy=False)
     frame["kv_blocks_used"] = frame.pop("kv_blocks_sum") / frame["num_steps"]
     frame["end_s"] = frame["start_s"] + frame["num_steps"] * frame["duration_s"]
     return frame
