@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import simpy
 
-from simbatch.clock import Urgent, to_ns
+from simbatch.clock import Urgent, to_ns, trigger_late
 from simbatch.config import Workload
 
 
@@ -72,4 +72,4 @@ class Client:
     def _release(self, count: int) -> None:
         self.free += count
         if self._wake is not None and not self._wake.triggered:
-            self._wake.succeed()
+            trigger_late(self._wake)  # after every step ending now (simbatch.clock's tie rule)

@@ -12,8 +12,9 @@ nothing at or after it happens), then arrivals and the router's snapshots, then 
 arrival at the instant a step ends is seen by the plan of the next step, and a router reading a
 replica at that instant sees the step that is ending. A client that sends a request because another
 completed (``workload.max_concurrency``, closed loops) sends it at the completion's instant; then the
-engines finish their steps at that instant first, the client sends, and only then do the engines plan
-(:class:`Late`), so such a send too is seen by every plan made at its instant.
+engines finish their steps at that instant first, the client sends (``SEND``), and only then do the
+engines plan (``PLAN``), so such a send sees every completion of its instant, and every plan made at its
+instant sees the send.
 
 A nanosecond is far below any step of a real engine (microseconds at the least), so rounding to it
 changes no result that matters; every step lasts at least 1 ns, so time always advances.
@@ -50,17 +51,26 @@ def step_ns(duration_ms: float) -> int:
     return max(1, int(duration_ms * 1_000_000 + 0.5))  # durations are >= 0: int(x + 0.5) rounds
 
 
-LATE = 2  # a SimPy priority after NORMAL (1): after everything else of its instant
+# SimPy priorities after NORMAL (1), for the phases of an instant when a client sends on completions:
+# steps end (normal events), then the client sends (SEND), then the engines plan (PLAN).
+SEND, PLAN = 2, 3
 
 
 class Late(simpy.Event):
-    """An event at the current instant that fires after every urgent and normal event of it: where
-    an engine waits, with a client, before planning (the tie rule above)."""
+    """An event at the current instant that fires after every urgent and normal event of it (and,
+    at the default ``PLAN``, after every send): where an engine waits, with a client, before planning."""
 
-    def __init__(self, env: simpy.Environment):
+    def __init__(self, env: simpy.Environment, priority: int = PLAN):
         super().__init__(env)
         self._ok, self._value = True, None
-        env.schedule(self, LATE, 0)
+        env.schedule(self, priority, 0)
+
+
+def trigger_late(event: simpy.Event, priority: int = SEND) -> None:
+    """``event.succeed()``, but processed after the normal events of this instant (``SEND``): a client
+    freed by a completion sends once every step ending at that instant is done."""
+    event._ok, event._value = True, None
+    event.env.schedule(event, priority, 0)
 
 
 class Urgent(simpy.Event):

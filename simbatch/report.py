@@ -87,7 +87,7 @@ def result_table(summary: Mapping, percentile_metrics: Sequence[str] = LATENCY_M
               _row("Mean KV cache usage (%):", 100 * summary["mean_kv_usage"], 1),
               # Busy, not "utilization": a batching engine steps whenever any request is running, so it
               # is busy nearly all the time at any load; the offered load ρ above says how loaded it is.
-              _row("Busy fraction (%):", 100 * summary["server_utilization"], 1),
+              _row("Busy fraction (%):", 100 * summary["busy_fraction"], 1),
               _row("Preemptions:", summary["num_preemptions"]),
               _row("Mean queue time Wq (s):", summary["Wq_s"])]
     replicas = sorted(int(k.split("_")[1]) for k in summary if k.startswith("replica_") and k.endswith("_L"))
@@ -96,7 +96,7 @@ def result_table(summary: Mapping, percentile_metrics: Sequence[str] = LATENCY_M
                   _row("Load imbalance (max/mean L):", summary["load_imbalance"], 3)]
         lines += [_row(f"Replica {r} output (tok/s), busy (%):",
                        f"{summary[f'replica_{r}_output_throughput']:,.0f}, "
-                       f"{100 * summary[f'replica_{r}_utilization']:.1f}") for r in replicas]
+                       f"{100 * summary[f'replica_{r}_busy_fraction']:.1f}") for r in replicas]
     lines.append("=" * WIDTH)
     return "\n".join(lines)
 

@@ -305,15 +305,15 @@ def test_per_replica_table_and_summary_keys_add_up_to_the_cluster():
     result = simulate(sc)
     s, it = result.summary, result.iterations
     table = per_replica(result.requests, it, s["duration"], 3)
-    assert table.columns.tolist() == ["replica", "admitted", "completed", "output_throughput", "utilization",
+    assert table.columns.tolist() == ["replica", "admitted", "completed", "output_throughput", "busy_fraction",
                                       "mean_batch_size", "L", "W_s"]
     assert table["output_throughput"].sum() == pytest.approx(s["output_throughput"])
-    assert table["utilization"].mean() == pytest.approx(s["server_utilization"])
+    assert table["busy_fraction"].mean() == pytest.approx(s["busy_fraction"])
     assert (table["admitted"] / s["duration"] * table["W_s"]).tolist() == pytest.approx(table["L"].tolist())
     for r in range(3):
         steps = it[it["replica"] == r]
         assert table["mean_batch_size"][r] == pytest.approx(np.average(steps["batch_size"], weights=steps["num_steps"]))
-        assert s[f"replica_{r}_L"] == table["L"][r] and s[f"replica_{r}_utilization"] == table["utilization"][r]
+        assert s[f"replica_{r}_L"] == table["L"][r] and s[f"replica_{r}_busy_fraction"] == table["busy_fraction"][r]
         assert s[f"replica_{r}_output_throughput"] == table["output_throughput"][r]
     assert s["load_imbalance"] == pytest.approx(table["L"].max() / table["L"].mean())
     single = simulate(make_scenario(workload__num_requests=20)).summary

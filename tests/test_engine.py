@@ -25,7 +25,7 @@ def test_an_idle_engine_sleeps_without_ticking_and_starts_on_arrival():
     assert rq["finish_s"].tolist() == pytest.approx([10.0438, 20.0438])
     busy = (it["num_steps"] * it["duration_s"]).sum()
     assert result.summary["num_steps"] == 8
-    assert result.summary["server_utilization"] == pytest.approx(busy / 20.0438)
+    assert result.summary["busy_fraction"] == pytest.approx(busy / 20.0438)
 
 
 def test_step_durations_follow_the_cost_model_including_swap_transfers():
@@ -128,7 +128,7 @@ def test_max_time_leaves_unfinished_requests_and_the_numbers_add_up():
     # Every step began before the stop; only the one in progress at the stop (no tokens) ends after it.
     assert (it["start_s"] < 0.5).all()
     assert (it["end_s"].iloc[:-1] <= 0.5 + 1e-12).all() and it["itl_tokens"].iloc[-1] == 0
-    assert 0 < s["server_utilization"] <= 1
+    assert 0 < s["busy_fraction"] <= 1
     assert s["littles_law_rel_error"] < 1e-9
 
 

@@ -159,9 +159,9 @@ def test_per_replica_utilization_stops_at_the_clock_like_the_cluster_one():
                        cluster__replicas=2, sim__max_time_s=0.1)
     result = simulate(sc)
     table = per_replica(result.requests, result.iterations, result.summary["duration"], 2)
-    assert (table["utilization"] <= 1.0 + 1e-12).all()
-    assert table["utilization"].mean() == pytest.approx(result.summary["server_utilization"], rel=1e-12)
-    assert result.summary["replica_0_utilization"] == pytest.approx(table["utilization"][0], rel=1e-12)
+    assert (table["busy_fraction"] <= 1.0 + 1e-12).all()
+    assert table["busy_fraction"].mean() == pytest.approx(result.summary["busy_fraction"], rel=1e-12)
+    assert result.summary["replica_0_busy_fraction"] == pytest.approx(table["busy_fraction"][0], rel=1e-12)
 
 
 # ----------------------------------------------------------------------------- 6. duration

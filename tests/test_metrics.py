@@ -69,7 +69,7 @@ def test_latencies_of_a_hand_computed_run():
     assert s["output_throughput"] == pytest.approx(8 / 20.0438)
     assert s["total_token_throughput"] == pytest.approx(24 / 20.0438)
     assert s["mean_batch_size"] == pytest.approx(1.0)
-    assert s["server_utilization"] == pytest.approx(2 * 0.0438 / 20.0438)
+    assert s["busy_fraction"] == pytest.approx(2 * 0.0438 / 20.0438)
     # Blocks of 4 in use: 2 during the prefill, 3 during each decode (tokens 9-11), out of 64.
     assert s["mean_kv_usage"] == pytest.approx((2 * 0.0108 + 3 * 3 * 0.011) / 0.0438 / 64)
     assert (s["L"], s["Lq"], s["Wq_s"]) == pytest.approx((2 * 0.0438 / 20.0438, 0.0, 0.0))

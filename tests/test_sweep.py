@@ -354,7 +354,7 @@ def test_batch_size_sweep_points_lie_on_the_device_curve(cli, scenario_file, tmp
     assert (out / "batch_throughput.png").stat().st_size > 10_000
     frame = pd.read_csv(out / "summary.csv")
     device = load_scenario(scenario_file).device
-    busy_rate = frame["output_throughput_mean"] / frame["server_utilization_mean"]
+    busy_rate = frame["output_throughput_mean"] / frame["busy_fraction_mean"]
     curve = [decode_throughput(device, b) for b in frame["mean_batch_size_mean"]]
     np.testing.assert_allclose(busy_rate, curve, rtol=0.02)
 

@@ -137,6 +137,8 @@ class AcceleratedReplica(Replica):
                     kv_sum = sched.kv_blocks_sum(n + m) - sched.kv_blocks_sum(n) if n else sched.kv_blocks_sum(m)
                     record(index, start / NS_PER_S, m, shape, kv_sum, contiguous)
                     n, start, contiguous = n + m, end, True
+                    if cut and late:
+                        yield Late(env)  # decide at the step boundary as the reference plans: after its sends
                     if cut and not sched.plan_survives_arrivals():
                         break
                     # The arrival only lengthened WAITING: the same plan runs on, recorded anew.

@@ -12,12 +12,12 @@ Everything here is computed from the two frames, so it holds for any run, one re
 - **Imbalance**: ``max_r L_r / mean_r L_r``. 1 when every replica carries the same load, N when one
   carries all of it; NaN when nothing was admitted. Over time (``simbatch.plots.cluster``), the
   same ratio of each replica's time-average over a window.
-- ``utilization`` of replica r: its busy time (steps, the one in progress at a clock stop counted
-  up to the stop) / T. The cluster's ``server_utilization`` is the mean over replicas.
+- ``busy_fraction`` of replica r: its busy time (steps, the one in progress at a clock stop counted
+  up to the stop) / T. The cluster's ``busy_fraction`` is the mean over replicas.
 
 The summary (:func:`cluster_summary`) adds flat keys, so it stays one level of JSON and a sweep
 frame gets one column per key: ``load_imbalance`` always, and with more than one replica
-``replica_{r}_output_throughput``, ``replica_{r}_utilization`` and ``replica_{r}_L`` for each r.
+``replica_{r}_output_throughput``, ``replica_{r}_busy_fraction`` and ``replica_{r}_L`` for each r.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def per_replica(requests: pd.DataFrame, iterations: pd.DataFrame, duration_s: fl
     """One row per replica, from the run's two frames and its duration T.
 
     Columns: ``replica``; ``admitted`` and ``completed`` requests; ``output_throughput`` (output
-    tokens of its completed requests / T); ``utilization``; ``mean_batch_size`` (sequences per
+    tokens of its completed requests / T); ``busy_fraction``; ``mean_batch_size`` (sequences per
     step, over its steps); ``L``; ``W_s`` (mean time in system of its admitted requests, up to T
     for those still in it, so that L_r = (admitted_r / T) W_r exactly).
     """
@@ -62,7 +62,7 @@ def per_replica(requests: pd.DataFrame, iterations: pd.DataFrame, duration_s: fl
             "admitted": n_admitted,
             "completed": total(replica[done]),
             "output_throughput": total(replica[done], admitted["output_tokens"].to_numpy()[done]) / duration_s,
-            "utilization": total(step_replica, busy_s(iterations, duration_s)) / duration_s,
+            "busy_fraction": total(step_replica, busy_s(iterations, duration_s)) / duration_s,
             "mean_batch_size": np.where(num_steps > 0, total(step_replica, iterations["batch_size"].to_numpy(dtype=float)
                                                              * steps) / np.maximum(num_steps, 1), 0.0),
             "L": total(replica, sojourn_s) / duration_s,
@@ -90,6 +90,6 @@ def cluster_summary(requests: pd.DataFrame, iterations: pd.DataFrame, duration_s
     if num_replicas > 1:
         for row in table.itertuples(index=False):
             out[f"replica_{row.replica}_output_throughput"] = float(row.output_throughput)
-            out[f"replica_{row.replica}_utilization"] = float(row.utilization)
+            out[f"replica_{row.replica}_busy_fraction"] = float(row.busy_fraction)
             out[f"replica_{row.replica}_L"] = float(row.L)
     return out

@@ -50,7 +50,10 @@ Queueing quantities, over admitted requests (arrived and not rejected):
 - ``W_s``, ``Wq_s``: mean time in system / waiting, from the request rows; requests still in the
   system at the end count up to the end. Then L = lambda W holds on every sample path, so
   ``littles_law_rel_error`` = |L - lambda W| / L measures the bookkeeping, not the statistics.
-- ``server_utilization``: busy time / (duration x replicas).
+- ``busy_fraction``: busy time / (duration x replicas): the share of time the engines are stepping.
+  Not a utilization: a batching engine steps whenever any request runs, so it is near 1 at any load
+  that keeps a request in flight (like nvidia-smi's GPU-Util); the offered load is the stability
+  check's rho.
 - ``num_steps``: engine steps over the run (a run of identical steps counts each of them).
 - ``mean_batch_size``: sequences per step, averaged over steps.
 - ``mean_kv_usage``: used / total device blocks, averaged over busy time.
@@ -61,7 +64,7 @@ Tenants (with more than one, see :func:`tenant_summary`): ``tenant_<name>_reques
 
 Cluster (definitions in :mod:`simbatch.metrics.cluster`): ``load_imbalance`` = max / mean over
 replicas of each replica's time-average number in system L_r; with more than one replica,
-``replica_{r}_output_throughput``, ``replica_{r}_utilization`` and ``replica_{r}_L`` for each r.
+``replica_{r}_output_throughput``, ``replica_{r}_busy_fraction`` and ``replica_{r}_L`` for each r.
 """
 
 from __future__ import annotations
@@ -205,7 +208,7 @@ def summarize(scenario: Scenario, requests: pd.DataFrame, iterations: pd.DataFra
     steps = iterations["num_steps"].to_numpy()
     busy = busy_s(iterations, end_s)
     replicas = scenario.cluster.replicas
-    out["server_utilization"] = float(busy.sum() / (duration * replicas)) if duration > 0 else math.nan
+    out["busy_fraction"] = float(busy.sum() / (duration * replicas)) if duration > 0 else math.nan
     out["num_steps"] = int(steps.sum())
     out["mean_batch_size"] = float((iterations["batch_size"] * steps).sum() / steps.sum()) if steps.sum() else 0.0
     kv_total = np.array([s.kv_cache.num_blocks for s in replica_scenarios(scenario)])[iterations["replica"]]

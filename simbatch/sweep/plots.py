@@ -149,7 +149,7 @@ def _batch_throughput(series, points: dict[int, Point], path: Path) -> Path:
     for color, (label, rows) in zip(_colors(series), series, strict=True):
         replicas = np.array([points[j].scenario.cluster.replicas for j in rows.index])
         # Output tokens per busy second of one engine: the device's own rate, idle time taken out.
-        busy_rate = rows["output_throughput_mean"] / (rows["server_utilization_mean"] * replicas)
+        busy_rate = rows["output_throughput_mean"] / (rows["busy_fraction_mean"] * replicas)
         ax.plot(rows["mean_batch_size_mean"], busy_rate, "o", color=color, label=_label(label, "simulated"))
         device = points[rows.index[0]].scenario.device
         b = np.linspace(1, max(float(rows["mean_batch_size_mean"].max()), float(rows[BATCH].max())), 200)

@@ -38,7 +38,7 @@ def _measure(result, warmup_s: float) -> tuple[float, float, float]:
     req = result.requests
     kept = req[req["arrival_s"] >= warmup_s]
     wait = kept["first_scheduled_s"] - kept["arrival_s"]
-    return float(wait.mean()), float((kept["e2e_s"] - wait).mean()), result.summary["server_utilization"]
+    return float(wait.mean()), float((kept["e2e_s"] - wait).mean()), result.summary["busy_fraction"]
 
 
 @pytest.mark.validation
