@@ -11,9 +11,9 @@ import importlib
 __version__ = "0.1.0"
 
 _HOME = {"Scenario": "simbatch.config", "ScenarioError": "simbatch.loading", "load_scenario": "simbatch.loading",
-         "Result": "simbatch.simulation", "simulate": "simbatch.simulation"}
+         "Result": "simbatch.simulation", "simulate": "simbatch.simulation", "Observer": "simbatch.observers"}
 
-__all__ = ["Result", "Scenario", "ScenarioError", "load_scenario", "simulate", "__version__"]
+__all__ = ["Observer", "Result", "Scenario", "ScenarioError", "load_scenario", "simulate", "__version__"]
 
 
 def __getattr__(name: str):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -11,6 +11,7 @@ from simbatch.config import Scenario, replica_scenarios
 from simbatch.cost import Stability, fleet_stability, mean_blocks_held, memory_batch
 from simbatch.engine import Engine
 from simbatch.metrics.summary import iterations_frame, requests_frame, summarize
+from simbatch.observers import Observer
 from simbatch.workload import WorkloadArrays, generate
 
 
@@ -61,17 +62,20 @@ def expected_stability(scenario: Scenario, workload: WorkloadArrays) -> Stabilit
 
 def simulate(scenario: Scenario, *, check_invariants: bool = False,
              on_progress: Callable[[float, int], None] | None = None,
-             workload: WorkloadArrays | None = None) -> Result:
+             workload: WorkloadArrays | None = None, observers: Sequence[Observer] = ()) -> Result:
     """Run ``scenario`` to the end and collect its frames and summary.
 
     ``check_invariants`` re-checks pools and block conservation at every step (slow; for tests).
     ``on_progress(sim_time_s, requests_arrived)`` is called now and then, for progress bars.
     ``workload``: the requests, when already drawn from this scenario's workload section (a comparison
     of variants that leave it alone draws it once); drawn here otherwise.
+    ``observers``: :class:`~simbatch.observers.Observer` objects told of every arrival, rejection,
+    step (with its membership) and completion as the run goes.
     """
     if workload is None:
         workload = generate(scenario)
-    engine = Engine(scenario, workload, check_invariants=check_invariants, on_progress=on_progress)
+    engine = Engine(scenario, workload, check_invariants=check_invariants, on_progress=on_progress,
+                    observers=observers)
     end_s = engine.run()
     requests = requests_frame(workload, engine.recorder)
     iterations = iterations_frame(engine.recorder)

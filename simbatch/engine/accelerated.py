@@ -96,6 +96,7 @@ class AcceleratedReplica(Replica):
         run_ahead, stop_at = self.run_ahead, self.stop_at_ns  # set by the cluster before the run starts
         contiguous, now = False, env.now  # now: this replica's clock, ahead of env.now when running ahead
         late = self.on_finish is not None  # a client: plan after the sends of this instant (no running ahead)
+        observed = bool(self.observers)
         while True:
             if late:
                 yield Late(env)
@@ -112,13 +113,15 @@ class AcceleratedReplica(Replica):
                 kv_sum = sched.kv_blocks_sum(1)
                 end = now + duration
                 if not run_ahead or end >= self.next_arrival_ns or end >= stop_at:
-                    self._step_ctx = (now, shape, kv_sum, contiguous)
+                    self._step_ctx = (now, shape, kv_sum, contiguous, plan)
                     yield env.timeout(end - env.now)  # SimPy's clock catches up with the replica's
                     self._step_ctx = None
                 outcome = sched.finish_step(plan, end / NS_PER_S, self.step)
                 if outcome.itl_tokens != plan.decode_seqs:  # a token after a pause, or a first token
                     shape = replaced(shape, _ITL, outcome.itl_tokens)
                 record(index, now_s, 1, shape, kv_sum, contiguous)
+                if observed:
+                    self._observed(now_s, shape[0], 1, plan)
                 n = 1
             else:
                 n, start = 0, now  # steps of this plan done so far; start of the part in progress
@@ -136,6 +139,8 @@ class AcceleratedReplica(Replica):
                     self._run_step_ns = 0
                     kv_sum = sched.kv_blocks_sum(n + m) - sched.kv_blocks_sum(n) if n else sched.kv_blocks_sum(m)
                     record(index, start / NS_PER_S, m, shape, kv_sum, contiguous)
+                    if observed:
+                        self._observed(start / NS_PER_S, shape[0], m, plan)
                     n, start, contiguous = n + m, end, True
                     if cut and late:
                         yield Late(env)  # decide at the step boundary as the reference plans: after its sends
@@ -163,9 +168,11 @@ class AcceleratedReplica(Replica):
             if m > 0:
                 rec.steps(self.index, start / NS_PER_S, m, shape,
                           sched.kv_blocks_sum(done + m) - sched.kv_blocks_sum(done), contiguous)
+                self._observed(start / NS_PER_S, shape[0], m, plan)
             last_start_s = (start + m * duration) / NS_PER_S
             rec.steps(self.index, last_start_s, 1, replaced(shape, _ITL, 0),
                       sched.kv_blocks_sum(done + m + 1) - sched.kv_blocks_sum(done + m), m > 0 or contiguous)
+            self._observed(last_start_s, shape[0], 1, plan, done=False)
             if done + m > 0:
                 sched.finish_steps(plan, done + m, last_start_s, self.step)
                 self.step += done + m

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import simpy
@@ -26,6 +26,7 @@ from simbatch.cost import blocks_for, peak_kv_tokens
 from simbatch.engine.accelerated import AcceleratedReplica
 from simbatch.engine.replica import Replica
 from simbatch.metrics.recorder import Recorder
+from simbatch.observers import Observer
 from simbatch.request import Request
 from simbatch.router import Load, make_router
 from simbatch.workload import WorkloadArrays
@@ -63,14 +64,15 @@ class Engine:
     """The whole model for one scenario: build it, ``run()`` it, read its recorder."""
 
     def __init__(self, scenario: Scenario, workload: WorkloadArrays, check_invariants: bool = False,
-                 on_progress: Callable[[float, int], None] | None = None):
+                 on_progress: Callable[[float, int], None] | None = None, observers: Sequence[Observer] = ()):
         self.scenario = scenario
         self.workload = workload
+        self.observers = tuple(observers)
         self.env = simpy.Environment()
         self.recorder = Recorder(len(workload), scenario.cluster.replicas)
         self.replica_scenarios = replica_scenarios(scenario)
         cls = AcceleratedReplica if scenario.sim.fast_forward else Replica
-        self.replicas = [cls(self.env, i, s, self.recorder, workload.tenant_names, check_invariants)
+        self.replicas = [cls(self.env, i, s, self.recorder, workload.tenant_names, check_invariants, self.observers)
                          for i, s in enumerate(self.replica_scenarios)]
         self.router = make_router(scenario, workload.session)
         self.on_progress = on_progress
@@ -122,7 +124,7 @@ class Engine:
         """
         env, wl, rec, sc = self.env, self.workload, self.recorder, self.scenario
         max_waiting, max_in_flight = sc.scheduler.max_waiting, sc.cluster.max_in_flight
-        replicas, views = self.replicas, self._views
+        replicas, views, observers = self.replicas, self._views, self.observers
         rows = zip(_chunked(self._arrival_ns), _chunked(wl.arrival_s), _chunked(wl.prompt_tokens),
                    _chunked(wl.output_tokens), _chunked(wl.tenant), _chunked(wl.priority), strict=True)
         single = len(replicas) == 1 and views is None
@@ -151,6 +153,8 @@ class Engine:
             if max_in_flight is not None and \
                     sum(r.num_running + r.num_waiting for r in replicas) >= max_in_flight:
                 rec.reject(now_s, i, "cluster_full")
+                for o in observers:
+                    o.rejection(now_s, i, "cluster_full")
                 if client is not None:
                     client.done()
                 continue
@@ -164,11 +168,16 @@ class Engine:
                 reason = "queue_full"
             if reason is not None:
                 rec.reject(now_s, i, reason)
+                for o in observers:
+                    o.rejection(now_s, i, reason)
                 if client is not None:
                     client.done()
                 continue
             rec.arrive(now_s, i)
-            replica.submit(Request(i, now_s, prompt, output, tenant, priority), now_s)
+            req = Request(i, now_s, prompt, output, tenant, priority)
+            replica.submit(req, now_s)
+            for o in observers:
+                o.arrival(now_s, req)
         if lone is not None:
             lone.next_arrival_ns = math.inf
         self.arrivals_done = True

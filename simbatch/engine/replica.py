@@ -17,7 +17,7 @@ nanoseconds (:mod:`simbatch.clock`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import simpy
 
@@ -25,6 +25,7 @@ from simbatch.clock import NS_PER_S, Late, ceil_ns, step_ns
 from simbatch.config import Scenario
 from simbatch.cost import LinearCost
 from simbatch.metrics.recorder import SHAPE_COLUMNS, Recorder
+from simbatch.observers import Observer
 from simbatch.request import Request
 from simbatch.schedulers import IDLE, BaseScheduler, Idle, SleepUntil, StepPlan, make_scheduler
 
@@ -40,13 +41,15 @@ class Replica:
     """One engine: a scheduler, its KV cache, and the SimPy process that steps it."""
 
     def __init__(self, env: simpy.Environment, index: int, scenario: Scenario, recorder: Recorder,
-                 tenant_names: tuple[str, ...], check_invariants: bool = False):
+                 tenant_names: tuple[str, ...], check_invariants: bool = False,
+                 observers: Sequence[Observer] = ()):
         self.env = env
         self.index = index
         self.device = scenario.device
         self.cost = LinearCost.of(scenario.device, scenario.kv_cache.swap_ms_per_block)
         self.scheduler: BaseScheduler = make_scheduler(scenario, tenant_names)
         self.recorder = recorder
+        self.observers = tuple(observers)
         self.check = check_invariants
         self.step = 0
         self._wake: simpy.Event | None = None  # set while sleeping
@@ -113,11 +116,17 @@ class Replica:
                 plan.decode_seqs, plan.prefill_tokens, plan.padded_tokens, plan.decode_seqs,
                 plan.num_preempted, plan.swap_blocks)
 
+    def _observed(self, start_s: float, step_s: float, count: int, plan: StepPlan, done: bool = True) -> None:
+        for o in self.observers:
+            o.steps(self.index, start_s, step_s, count, plan, done)
+
     def _finished(self, outcome, end_s: float) -> None:
         if outcome.stall_gaps_s:
             self.recorder.stall_gaps_s.extend(outcome.stall_gaps_s)
         if outcome.finished:
             self.recorder.finish(end_s, outcome.finished)
+            for o in self.observers:
+                o.completion(end_s, outcome.finished)
             if self.on_finish is not None:
                 self.on_finish(len(outcome.finished))
 
@@ -136,7 +145,7 @@ class Replica:
             duration = self.step_duration_ns(plan)
             shape = self._planned(plan, now / NS_PER_S, duration)
             kv_blocks = sched.kv_blocks_used
-            self._step_ctx = (now, shape, kv_blocks, contiguous)
+            self._step_ctx = (now, shape, kv_blocks, contiguous, plan)
             yield env.timeout(duration)
             self._step_ctx = None
             end_s = env.now / NS_PER_S
@@ -145,6 +154,8 @@ class Replica:
             if outcome.itl_tokens != plan.decode_seqs:  # a token after a pause, or a first token
                 shape = replaced(shape, _ITL, outcome.itl_tokens)
             rec.steps(self.index, now / NS_PER_S, 1, shape, kv_blocks, contiguous)
+            if self.observers:
+                self._observed(now / NS_PER_S, shape[0], 1, plan)
             self._finished(outcome, end_s)
             contiguous = True
 
@@ -156,6 +167,7 @@ class Replica:
         at the stop.
         """
         if self._step_ctx is not None:
-            start, shape, kv_blocks, contiguous = self._step_ctx
+            start, shape, kv_blocks, contiguous, plan = self._step_ctx
             self.recorder.steps(self.index, start / NS_PER_S, 1, replaced(shape, _ITL, 0), kv_blocks, contiguous)
+            self._observed(start / NS_PER_S, shape[0], 1, plan, done=False)
             self._step_ctx = None
