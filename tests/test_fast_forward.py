@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -94,7 +95,7 @@ def scenarios(draw) -> dict:
     }
 
 
-@settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_fast_forward_equals_stepping(scenario):
     assert_same_run(scenario)
@@ -166,7 +167,7 @@ def tie_scenarios(draw, trace_dir) -> dict:
     }
 
 
-@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_fast_forward_equals_stepping_on_exact_ties(data, tmp_path_factory):
     assert_same_run(data.draw(tie_scenarios(tmp_path_factory.getbasetemp())))
@@ -277,3 +278,25 @@ def test_the_chapters_integer_time_workload_runs_alike_stepped_or_fast_forwarded
     toy["workload"]["trace"]["path"] = str(scenarios_dir / toy["workload"]["trace"]["path"])
     for blocking in (True, False):
         assert_same_run({**toy, "scheduler": {**toy["scheduler"], "head_of_line_blocking": blocking}})
+
+
+LIBRARY = sorted((Path(__file__).resolve().parents[1] / "scenarios").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", LIBRARY, ids=lambda p: p.stem)
+def test_the_scenario_library_runs_alike_on_both_engines(path):
+    scenario = yaml.safe_load(path.read_text(encoding="utf-8"))
+    workload = scenario["workload"]
+    if "trace" in workload:
+        workload["trace"]["path"] = str(path.parent / workload["trace"]["path"])
+    workload["num_requests"] = min(workload.get("num_requests") or 150, 150)
+    assert_same_run(scenario)
+
+
+@pytest.mark.parametrize("name", ["B1", "B3", "B4"])
+def test_the_benchmark_workloads_run_alike_on_both_engines(name):
+    from benchmarks.cases import CASES  # the benchmarks' own scenarios, at a test's size
+
+    scenario = CASES[name][1]().model_dump(mode="json")
+    scenario["workload"]["num_requests"] = 800
+    assert_same_run(scenario)
