@@ -1,10 +1,13 @@
 """The paged KV cache: fixed-size blocks on the device and, for swap preemption, on the host.
 
-Blocks are interchangeable (paging leaves no fragmentation), so the pool only counts them; each
-request records how many it holds. Allocation answers True/False and never raises: running out of
-memory is a scheduling decision (preempt, or wait), not an error.
+Blocks are interchangeable (paging leaves no external fragmentation), so the pool only counts them;
+each request records how many it holds. :class:`KVCacheManager` is the only writer of both pools and
+of every request's block counts: schedulers ask it to grow, release, swap or reserve, and allocation
+answers True/False, never raising: running out of memory is a scheduling decision (preempt, or
+wait), not an error. (A lockstep scheduler's decoding requests hold their blocks through it too, in
+bulk; their counts are derived from their position, see :mod:`simbatch.schedulers.lockstep`.)
 
-Invariant, checked by the tests at every step:
+Invariant, checked by :meth:`KVCacheManager.check_conservation` at every step of the tests:
 ``device.num_free + sum(held by requests) == num_blocks`` and likewise for the swap pool.
 """
 
@@ -86,6 +89,42 @@ class KVCacheManager:
         self.device.free(req.blocks)
         req.swapped_blocks, req.blocks = keep, 0
         return True
+
+    def grow_together(self, wants: list[tuple[Request, int]], group_blocks: int = 0) -> bool:
+        """All or nothing: each ``(request, tokens)`` grown to hold its tokens, plus ``group_blocks`` for
+        a lockstep group, when the free blocks cover them all; False (and no change) otherwise."""
+        extra = [max(blocks_for(tokens, self.block_size) - req.blocks, 0) for req, tokens in wants]
+        if not self.device.allocate(group_blocks + sum(extra)):
+            return False
+        for (req, _), e in zip(wants, extra, strict=True):
+            if e:
+                req.blocks += e
+        return True
+
+    def allocate_group(self, n: int) -> bool:
+        """``n`` blocks for a lockstep group's members (which the group attributes to them itself)."""
+        return self.device.allocate(n)
+
+    def reserve_batch(self, batch: list[Request], blocks: int) -> bool:
+        """A request-level batch's memory, reserved whole at its start and attributed to its slots as
+        evenly as it divides (so conservation holds per request); False if the blocks are short."""
+        if not self.device.allocate(blocks):
+            return False
+        share, extra = divmod(blocks, len(batch))
+        for i, req in enumerate(batch):
+            req.blocks = share + (1 if i < extra else 0)
+        return True
+
+    def release_batch(self, batch: list[Request]) -> int:
+        """Free every block a batch's slots hold; returns how many."""
+        return sum(self.release(req) for req in batch)
+
+    def check_conservation(self, device_holders, host_holders) -> None:
+        """AssertionError unless every block is free or held: device and host pools alike."""
+        held = sum(r.blocks for r in device_holders)
+        assert self.device.num_free + held == self.device.num_blocks, "device blocks not conserved"
+        swapped = sum(r.swapped_blocks for r in host_holders)
+        assert self.host.num_free + swapped == self.host.num_blocks, "host blocks not conserved"
 
     def swap_in(self, req: Request) -> bool:
         """Move ``req``'s host blocks back to the device; False (and no change) if the device is short."""

@@ -173,8 +173,5 @@ class BaseScheduler(ABC):
         assert len(ids) == len(set(ids)), "a request is in two pools"
         assert all(r.status is WAITING and r.blocks == 0 for r in waiting), "waiting request holds blocks"
         assert all(r.status is RUNNING for r in self.running), "running pool holds a non-running request"
-        held = sum(r.blocks for r in self._block_holders())
-        assert self.kv.device.num_free + held == self.kv.device.num_blocks, "device blocks not conserved"
-        swapped = sum(r.swapped_blocks for r in waiting)
-        assert self.kv.host.num_free + swapped == self.kv.host.num_blocks, "host blocks not conserved"
+        self.kv.check_conservation(self._block_holders(), waiting)
         assert len(self.running) <= self.scenario.batching.max_num_seqs, "more running than max_num_seqs"

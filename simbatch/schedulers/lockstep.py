@@ -90,17 +90,14 @@ class LockstepScheduler(ContinuousScheduler):
         """
         bs = self.kv.block_size
         if not lone:  # the group alone
-            if not self.kv.device.allocate(self._phase[self.clock % bs]):
+            if not self.kv.allocate_group(self._phase[self.clock % bs]):
                 return False
             self._group_reserved = self._granted_all = True
             self._budget -= len(self._group)
             return True
-        extra = [(r.num_computed_tokens + bs) // bs - r.blocks for r in lone]
-        if not self.kv.device.allocate(self._phase[self.clock % bs] + sum(e for e in extra if e > 0)):
+        if not self.kv.grow_together([(r, r.num_computed_tokens + 1) for r in lone], self._phase[self.clock % bs]):
             return False
-        for req, e in zip(lone, extra, strict=True):
-            if e > 0:
-                req.blocks += e
+        for req in lone:
             self._sched[req] = 1
         self._group_reserved, self._granted_all = bool(self._group), True
         self._budget -= len(self._group) + len(lone)
@@ -126,7 +123,7 @@ class LockstepScheduler(ContinuousScheduler):
                 if not self._reserve(req, 1, now, plan):
                     self._budget += self._sched.pop(req)  # stalls, keeping its blocks
                 continue
-            while not self.kv.device.allocate(1):
+            while not self.kv.allocate_group(1):
                 victim = self._pick_victim(exclude=req)
                 if victim is None:
                     self._leave(req)  # stalls: out of the lockstep until it samples again
@@ -264,7 +261,7 @@ class LockstepScheduler(ContinuousScheduler):
     def finish_steps(self, plan: StepPlan, n: int, end_s: float, step: int) -> StepOutcome:
         if n == 1:
             return self.finish_step(plan, end_s, step)
-        taken = self.kv.device.allocate(self._group_blocks(step + 1, step + n))
+        taken = self.kv.allocate_group(self._group_blocks(step + 1, step + n))
         assert taken, "a run of steps took blocks that were not free"
         self._group_reserved = False
         self.clock, self.last_end_s = step + n, end_s

@@ -48,7 +48,6 @@ class RequestLevelScheduler(BaseScheduler):
         else:
             self.max_wait_s = None if b.max_wait_ms is None else b.max_wait_ms / 1e3
         self.batch: list[Request] = []  # every slot of the current batch, done or not
-        self._batch_blocks = 0
         self._prefilled = False
         self._admitted_now = 0
         # Arrival order of waiting requests, for the "oldest has waited" timer whatever the policy.
@@ -109,12 +108,8 @@ class RequestLevelScheduler(BaseScheduler):
             self.batch.append(req)
         for req in passed_over:
             self.waiting.push(req)
-        self.kv.device.allocate(blocks)
-        self._batch_blocks = blocks
-        # Attribute the reservation to its slots so block conservation can be checked per request.
-        share, extra = divmod(blocks, len(self.batch))
-        for i, req in enumerate(self.batch):
-            req.blocks = share + (1 if i < extra else 0)
+        reserved = self.kv.reserve_batch(self.batch, blocks)
+        assert reserved, "a batch was formed beyond the free blocks"
         self._prefilled = False
         self._admitted_now = len(self.batch)
 
@@ -190,9 +185,7 @@ class RequestLevelScheduler(BaseScheduler):
 
     def _end_batch(self) -> None:
         """The longest request is done: the batch ends and its slots and memory come back."""
-        self.kv.device.free(self._batch_blocks)
-        for req in self.batch:
-            req.blocks = 0
+        self.kv.release_batch(self.batch)
         self.batch = []
 
     def _block_holders(self) -> list[Request]:
