@@ -17,16 +17,28 @@ from typing import Any
 
 
 class Status(enum.IntEnum):
+    """Where a request is in an engine's pools (a rejected request never enters them)."""
+
     WAITING = 0  # arrived, holds no device KV blocks (a swapped request holds host blocks)
     RUNNING = 1  # in the running set, owns device KV blocks
     FINISHED = 2
-    REJECTED = 3
 
 
 # The members as plain names for the schedulers' hot paths: ``Status.RUNNING`` is a lookup through
 # the enum's metaclass, over ten times slower than a module global, and a status changes several
 # times per request.
-WAITING, RUNNING, FINISHED, REJECTED = Status
+WAITING, RUNNING, FINISHED = Status
+
+
+class Outcome(enum.IntEnum):
+    """How a request's part in a run ended: the ``status`` column of the requests frame, by name."""
+
+    UNFINISHED = 0  # still waiting or running when the clock stopped
+    FINISHED = 1
+    REJECTED = 2  # turned away at arrival (the ``reason`` column says why)
+
+
+OUTCOMES = tuple(o.name.lower() for o in Outcome)  # the frame's category names, in code order
 
 
 @dataclass(slots=True, eq=False)

@@ -17,10 +17,9 @@ import math
 
 import numpy as np
 
-from simbatch.request import Request
+from simbatch.request import Outcome, Request
 
-STATUS_NAMES = ("unfinished", "finished", "rejected")
-UNFINISHED, FINISHED, REJECTED = 0, 1, 2
+_UNFINISHED, _FINISHED, _REJECTED = (int(o) for o in Outcome)  # plain ints for the hot paths
 
 # Columns of the iterations frame, in order. Shape columns decide whether two steps are one run.
 SHAPE_COLUMNS = ("duration_s", "num_running", "num_waiting", "batch_size", "decode_tokens", "prefill_tokens",
@@ -50,7 +49,7 @@ class Recorder:
         # Per-request outcomes.
         n = num_requests
         self.replica = np.full(n, -1, dtype=np.int32)
-        self.status = np.full(n, UNFINISHED, dtype=np.int8)
+        self.status = np.full(n, _UNFINISHED, dtype=np.int8)  # Outcome codes
         self.reason = np.zeros(n, dtype=object)
         self.reason[:] = ""
         self.first_scheduled_s = np.full(n, math.nan)
@@ -85,7 +84,7 @@ class Recorder:
     def reject(self, now: float, request_id: int, reason: str) -> None:
         self._advance(now)  # N(t) is unchanged; the run has seen an event at ``now`` (its duration)
         self.arrived[request_id] = True
-        self.status[request_id] = REJECTED
+        self.status[request_id] = _REJECTED
         self.reason[request_id] = reason
 
     def waiting_change(self, now: float, delta: int) -> None:
@@ -97,7 +96,7 @@ class Recorder:
         self._advance(now)
         self.n_system -= len(requests)
         for req in requests:
-            self.status[req.request_id] = FINISHED
+            self.status[req.request_id] = _FINISHED
             self._store(req)
 
     def _store(self, req: Request) -> None:

@@ -76,8 +76,9 @@ import pandas as pd
 
 from simbatch.config import Scenario, replica_scenarios
 from simbatch.metrics.cluster import busy_s, cluster_summary
-from simbatch.metrics.recorder import FINISHED, REJECTED, STATUS_NAMES, Recorder
+from simbatch.metrics.recorder import Recorder
 from simbatch.metrics.stats import describe_ms
+from simbatch.request import OUTCOMES, Outcome
 from simbatch.workload import WorkloadArrays
 
 
@@ -110,7 +111,7 @@ def requests_frame(wl: WorkloadArrays, rec: Recorder) -> pd.DataFrame:
         "output_tokens": output,
         "generated_tokens": rec.generated_tokens[idx],
         "num_preemptions": rec.num_preemptions[idx],
-        "status": pd.Categorical.from_codes(rec.status[idx], categories=list(STATUS_NAMES)),
+        "status": pd.Categorical.from_codes(rec.status[idx], categories=list(OUTCOMES)),
         # Through a Series: the same column as numpy's ``astype(str)``, several times faster.
         "reason": pd.Series(rec.reason[idx]).astype(str),
         "ttft_s": ttft,
@@ -154,8 +155,8 @@ def summarize(scenario: Scenario, requests: pd.DataFrame, iterations: pd.DataFra
               end_s: float) -> dict:
     duration = end_s
     # Compared as a categorical Series: a look-up of codes, not a million string comparisons.
-    finished = (requests["status"] == STATUS_NAMES[FINISHED]).to_numpy()
-    rejected = (requests["status"] == STATUS_NAMES[REJECTED]).to_numpy()
+    finished = (requests["status"] == OUTCOMES[Outcome.FINISHED]).to_numpy()
+    rejected = (requests["status"] == OUTCOMES[Outcome.REJECTED]).to_numpy()
     done, admitted = requests[finished], requests[~rejected]
     n_done = len(done)
     out: dict[str, float | int] = {
@@ -230,7 +231,7 @@ def tenant_summary(requests: pd.DataFrame, duration_s: float) -> dict[str, float
     if len(tenants) < 2:
         return {}
     out: dict[str, float] = {}
-    done = requests[requests["status"] == STATUS_NAMES[FINISHED]]
+    done = requests[requests["status"] == OUTCOMES[Outcome.FINISHED]]
     for tenant in tenants:
         mine = done[done["tenant"] == tenant]
         ttft, e2el = describe_ms("ttft", mine["ttft_s"].to_numpy()), describe_ms("e2el", mine["e2e_s"].to_numpy())
