@@ -21,7 +21,8 @@ import math
 from typing import Protocol
 
 from simbatch.clock import NS_PER_S, Late
-from simbatch.engine.replica import _ITL, _WAITING, Replica, replaced
+from simbatch.engine.replica import Replica
+from simbatch.metrics.recorder import replaced
 from simbatch.schedulers import StepPlan
 from simbatch.schedulers.base import StepOutcome
 
@@ -118,10 +119,10 @@ class AcceleratedReplica(Replica):
                     self._step_ctx = None
                 outcome = sched.finish_step(plan, end / NS_PER_S, self.step)
                 if outcome.itl_tokens != plan.decode_seqs:  # a token after a pause, or a first token
-                    shape = replaced(shape, _ITL, outcome.itl_tokens)
+                    shape = replaced(shape, "itl_tokens", outcome.itl_tokens)
                 record(index, now_s, 1, shape, kv_sum, contiguous)
                 if observed:
-                    self._observed(now_s, shape[0], 1, plan)
+                    self._observed(now_s, shape.duration_s, 1, plan)
                 n = 1
             else:
                 n, start = 0, now  # steps of this plan done so far; start of the part in progress
@@ -140,14 +141,14 @@ class AcceleratedReplica(Replica):
                     kv_sum = sched.kv_blocks_sum(n + m) - sched.kv_blocks_sum(n) if n else sched.kv_blocks_sum(m)
                     record(index, start / NS_PER_S, m, shape, kv_sum, contiguous)
                     if observed:
-                        self._observed(start / NS_PER_S, shape[0], m, plan)
+                        self._observed(start / NS_PER_S, shape.duration_s, m, plan)
                     n, start, contiguous = n + m, end, True
                     if cut and late:
                         yield Late(env)  # decide at the step boundary as the reference plans: after its sends
                     if cut and not sched.plan_survives_arrivals():
                         break
                     # The arrival only lengthened WAITING: the same plan runs on, recorded anew.
-                    shape = replaced(shape, _WAITING, len(sched.waiting))
+                    shape = replaced(shape, "num_waiting", len(sched.waiting))
                 self._run_ctx = None
                 outcome = sched.finish_steps(plan, n, end / NS_PER_S, self.step)
             self.step += n
@@ -168,11 +169,11 @@ class AcceleratedReplica(Replica):
             if m > 0:
                 rec.steps(self.index, start / NS_PER_S, m, shape,
                           sched.kv_blocks_sum(done + m) - sched.kv_blocks_sum(done), contiguous)
-                self._observed(start / NS_PER_S, shape[0], m, plan)
+                self._observed(start / NS_PER_S, shape.duration_s, m, plan)
             last_start_s = (start + m * duration) / NS_PER_S
-            rec.steps(self.index, last_start_s, 1, replaced(shape, _ITL, 0),
+            rec.steps(self.index, last_start_s, 1, replaced(shape, "itl_tokens", 0),
                       sched.kv_blocks_sum(done + m + 1) - sched.kv_blocks_sum(done + m), m > 0 or contiguous)
-            self._observed(last_start_s, shape[0], 1, plan, done=False)
+            self._observed(last_start_s, shape.duration_s, 1, plan, done=False)
             if done + m > 0:
                 sched.finish_steps(plan, done + m, last_start_s, self.step)
                 self.step += done + m

@@ -24,17 +24,10 @@ import simpy
 from simbatch.clock import NS_PER_S, Late, ceil_ns, step_ns
 from simbatch.config import Scenario
 from simbatch.cost import LinearCost
-from simbatch.metrics.recorder import SHAPE_COLUMNS, Recorder
+from simbatch.metrics.recorder import Recorder, StepShape, replaced
 from simbatch.observers import Observer
 from simbatch.request import Request
 from simbatch.schedulers import IDLE, BaseScheduler, Idle, SleepUntil, StepPlan, make_scheduler
-
-_WAITING, _ITL = SHAPE_COLUMNS.index("num_waiting"), SHAPE_COLUMNS.index("itl_tokens")
-
-
-def replaced(shape: tuple, column: int, value: int) -> tuple:
-    """A row with one column changed."""
-    return (*shape[:column], value, *shape[column + 1:])
 
 
 class Replica:
@@ -104,17 +97,17 @@ class Replica:
             (self._wake | self.env.timeout(max(1, ceil_ns(answer.time_s) - self.env.now)))
         self._wake = None
 
-    def _planned(self, plan: StepPlan, now_s: float, duration_ns: int) -> tuple:
+    def _planned(self, plan: StepPlan, now_s: float, duration_ns: int) -> StepShape:
         """What every step does once planned: check, count the waiting change, and shape its row."""
         sched = self.scheduler
         if self.check:
             sched.check_invariants()
         if plan.num_preempted or plan.num_admitted:
             self.recorder.waiting_change(now_s, plan.num_preempted - plan.num_admitted)
-        # The row of this step, in SHAPE_COLUMNS order.
-        return (duration_ns / NS_PER_S, len(sched.running), len(sched.waiting), plan.batch_size,
-                plan.decode_seqs, plan.prefill_tokens, plan.padded_tokens, plan.decode_seqs,
-                plan.num_preempted, plan.swap_blocks)
+        # itl_tokens: every decode is one step after its previous token, until finish_step says otherwise.
+        return StepShape(duration_ns / NS_PER_S, len(sched.running), len(sched.waiting), plan.batch_size,
+                         plan.decode_seqs, plan.prefill_tokens, plan.padded_tokens, plan.decode_seqs,
+                         plan.num_preempted, plan.swap_blocks)
 
     def _observed(self, start_s: float, step_s: float, count: int, plan: StepPlan, done: bool = True) -> None:
         for o in self.observers:
@@ -152,10 +145,10 @@ class Replica:
             outcome = sched.finish_step(plan, end_s, self.step)
             self.step += 1
             if outcome.itl_tokens != plan.decode_seqs:  # a token after a pause, or a first token
-                shape = replaced(shape, _ITL, outcome.itl_tokens)
+                shape = replaced(shape, "itl_tokens", outcome.itl_tokens)
             rec.steps(self.index, now / NS_PER_S, 1, shape, kv_blocks, contiguous)
             if self.observers:
-                self._observed(now / NS_PER_S, shape[0], 1, plan)
+                self._observed(now / NS_PER_S, shape.duration_s, 1, plan)
             self._finished(outcome, end_s)
             contiguous = True
 
@@ -168,6 +161,6 @@ class Replica:
         """
         if self._step_ctx is not None:
             start, shape, kv_blocks, contiguous, plan = self._step_ctx
-            self.recorder.steps(self.index, start / NS_PER_S, 1, replaced(shape, _ITL, 0), kv_blocks, contiguous)
-            self._observed(start / NS_PER_S, shape[0], 1, plan, done=False)
+            self.recorder.steps(self.index, start / NS_PER_S, 1, replaced(shape, "itl_tokens", 0), kv_blocks, contiguous)
+            self._observed(start / NS_PER_S, shape.duration_s, 1, plan, done=False)
             self._step_ctx = None
