@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -55,7 +56,14 @@ def execute(path: Path, *, small: bool, timeout_s: int = 900) -> nbformat.Notebo
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs = coalesce_streams(cell.outputs)
+            for out in cell.outputs:
+                if "text/plain" in out.get("data", {}):
+                    out.data["text/plain"] = _ADDRESS.sub(r"\1>", out.data["text/plain"])
     return nb
+
+
+# The default repr of an object names its memory address ("<Line2D at 0x7f1a6566fe50>"), new each run.
+_ADDRESS = re.compile(r"(<[^<>]*) at 0x[0-9a-fA-F]+>")
 
 
 def coalesce_streams(outputs: list) -> list:
