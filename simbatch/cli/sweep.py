@@ -237,7 +237,7 @@ def capacity_search(
         table.add_row(*(_cell(v) for v in row))
     Console(width=max(100, 16 * len(frame.columns))).print(table)
     typer.echo("ratio = max_rate / capacity_requests_per_s: the share of the analytic capacity (the rate at which "
-               "the device is busy all the time) that this configuration can take while meeting every SLO.")
+               "the offered load ρ reaches 1) that this configuration can take while meeting every SLO.")
     from simbatch.sweep.plots import plot_slo_vs_rate
 
     written = [plan.out / "capacity.csv", plan.out / "probes.csv"]
