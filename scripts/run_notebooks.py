@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -52,7 +53,35 @@ def execute(path: Path, *, small: bool, timeout_s: int = 900) -> nbformat.Notebo
     # Inline figures whatever MPLBACKEND the caller has set: the plots must land in the outputs.
     env = {**os.environ, SMALL_ENV: "1" if small else "0", "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
     client.execute(env=env)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = coalesce_streams(cell.outputs)
+            for out in cell.outputs:
+                if "text/plain" in out.get("data", {}):
+                    out.data["text/plain"] = _ADDRESS.sub(r"\1>", out.data["text/plain"])
     return nb
+
+
+# The default repr of an object names its memory address ("<Line2D at 0x7f1a6566fe50>"), new each run.
+_ADDRESS = re.compile(r"(<[^<>]*) at 0x[0-9a-fA-F]+>")
+
+
+def coalesce_streams(outputs: list) -> list:
+    """Merge consecutive stream outputs of the same stream into one.
+
+    How a cell's printing is cut into stream messages depends on when the kernel flushes, that is
+    on timing: the same text arrives as one chunk in one run and three in the next. Merged, a re-run
+    with unchanged results writes byte-identical files (``make notebooks`` leaves ``git status`` clean).
+    """
+    merged: list = []
+    for out in outputs:
+        prev = merged[-1] if merged else None
+        if (out.output_type == "stream" and prev is not None and prev.output_type == "stream"
+                and prev.name == out.name):
+            prev.text += out.text
+        else:
+            merged.append(out)
+    return merged
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -139,8 +139,11 @@ class Stability:
     capacity_tokens_per_s: float  # B / tau(B), decode only
     offered_load: float  # rho: device-seconds demanded per device-second, decode and prefill
     capacity_requests_per_s: float  # the arrival rate at which rho = 1
-    unloaded_latency_s: float  # W at no queueing: prefill + output tokens at the full-batch step time
-    demanded_concurrency: float  # Little's law L = lambda * W at the unloaded latency
+    # W_B, the latency with every slot busy and no queue: prefill plus output tokens at the full-batch
+    # step time. Not the latency of an idle server (output tokens at tau(1), far shorter); the name is
+    # kept because summary.json and the closed-loop rate read it.
+    unloaded_latency_s: float
+    demanded_concurrency: float  # Little's law L = lambda * W_B
     replicas: int = 1
     slots: float = 0  # max_num_seqs (a mixed fleet: the replicas' mean)
     memory_batch: float = math.inf  # num_blocks / mean blocks held per running request
@@ -229,7 +232,7 @@ def fleet_stability(replicas: Sequence[tuple[Device, int] | tuple[Device, int, f
     lambda over that sum. That is every replica's offered load when the router splits traffic in
     proportion to capacity, the best split there is: at rho >= 1 no router keeps up. For a mixed
     fleet ``batch_size``, ``slots`` and ``memory_batch`` are means over the replicas, and the
-    unloaded latency the mean of theirs weighted by that traffic share. Alike replicas give exactly
+    full-batch latency the mean of theirs weighted by that traffic share. Alike replicas give exactly
     ``stability(..., replicas=N)``.
     """
     specs = [(r[0], r[1], r[2] if len(r) > 2 else math.inf) for r in replicas]

@@ -121,14 +121,16 @@ def stability_block(st: Stability) -> str:
               _row("Replicas the traffic needs (ρ < 1):", st.replicas_needed),
               f"Verdict: {st.verdict}",
               _title("Concurrency (Little's law)"),
-              _row("Unloaded latency W₀ (s):", st.unloaded_latency_s),
-              _row("Concurrency demanded L = λ·W₀:", st.demanded_concurrency, 1),
+              # Not "unloaded": every step is charged at the full batch, the latency when the slots
+              # are all busy but nobody queues; a request alone would step at τ(1), much faster.
+              _row("Latency at a full batch W_B (s):", st.unloaded_latency_s),
+              _row("Concurrency demanded L = λ·W_B:", st.demanded_concurrency, 1),
               _row(f"Slots available ({_batch(st.batch_size)} × {st.replicas} replica{'s' * (st.replicas > 1)}):",
                    round(slots))]
     excess = st.demanded_concurrency - slots
     if excess > 0:
         lines.append(f"Traffic needs {excess:,.0f} more requests resident than there are slots: "
-                     "they wait, so W (and L) exceed the unloaded figures.")
+                     "they wait, so W (and L) exceed these figures.")
     lines.append("=" * WIDTH)
     return "\n".join(lines)
 
@@ -138,7 +140,7 @@ def client_note(workload) -> str:
     if workload.closed_loop is not None:
         users = workload.closed_loop
         return (f"Closed loop: {users.concurrency} users, think time {users.think_time_s:g} s; the rate above is what "
-                "they send at the unloaded latency. They never hold more than that many requests in the server, so "
+                "they send at the full-batch latency W_B. They never hold more than that many requests in the server, so "
                 "no queue grows without bound: past capacity, latency rises until the users slow down.")
     if workload.max_concurrency is not None:
         return (f"Client: at most {workload.max_concurrency} requests in flight (max_concurrency). Requests beyond "

@@ -108,7 +108,7 @@ def test_run_oversubscribed_prints_the_story_in_order_and_writes_the_folder(tmp_
     assert factor == pytest.approx(5.1, abs=0.1)
     assert table_value(text, "Offered token load λ·E[out] (tok/s):") == 10_000
     assert table_value(text, "Capacity B/τ(B) at B = 64 (tok/s):") == pytest.approx(1951.22)
-    assert table_value(text, "Concurrency demanded L = λ·W₀:") == pytest.approx(328.0)
+    assert table_value(text, "Concurrency demanded L = λ·W_B:") == pytest.approx(328.0)
     assert table_value(text, "Slots available (64 × 1 replica):") == 64
     for label in ("Successful requests:", "Rejected requests:", "Benchmark duration (s):",
                   "Request throughput (req/s):", "Output token throughput (tok/s):",

@@ -99,8 +99,10 @@ def test_stability_of_the_chapter_example():
     assert s.offered_load == pytest.approx(5.125)
     assert s.offered_load == pytest.approx(s.offered_tokens_per_s / s.capacity_tokens_per_s)
     assert s.capacity_requests_per_s == pytest.approx(20.0 / 5.125)
-    # W at the full-batch step time: 500 x 32.8 ms = 16.4 s; Little: L = 20 x 16.4 = 328 resident.
+    # W_B, at the full-batch step time: 500 x 32.8 ms = 16.4 s; Little: L = 20 x 16.4 = 328 resident.
+    # Not the idle server's latency (concepts.md, notebook 01): alone, 500 x tau(1) = 10.1 s.
     assert s.unloaded_latency_s == pytest.approx(16.4)
+    assert 500 * step_time_s(CHAPTER, 1) == pytest.approx(10.1)
     assert s.demanded_concurrency == pytest.approx(328.0)
     assert not s.stable
     assert s.verdict.startswith("oversubscribed 5.1×")

@@ -176,3 +176,13 @@ def test_readme_figure_script_draws_the_figure(tmp_path):
     out = tmp_path / "figure.png"
     _script("make_readme_figure").main(["--small", "--out", str(out)])
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --------------------------------------------------------------------------- named scenario files
+def test_every_scenario_file_named_in_docs_help_and_lessons_exists():
+    """A `scenarios/x.yaml` quoted in prose or in a command's --help is one a reader can run."""
+    sources = [*MARKDOWN, *(ROOT / "simbatch" / "cli").glob("*.py"), *(ROOT / "notebooks").glob("*.ipynb")]
+    named = {m for path in sources for m in re.findall(r"scenarios/(\w+)\.yaml", path.read_text(encoding="utf-8"))}
+    assert named, "the pattern found nothing: the test would pass vacuously"
+    missing = sorted(n for n in named if not (ROOT / "scenarios" / f"{n}.yaml").is_file())
+    assert not missing, f"named but not shipped: {missing}"

@@ -121,7 +121,7 @@ def test_stability_block_is_the_chapters_worked_example():
     assert "Offered token load λ·E[out] (tok/s):     10,000.00" in block
     assert "Capacity B/τ(B) at B = 64 (tok/s):       1,951.22" in block
     assert "Verdict: oversubscribed 5.1" in block
-    assert "Concurrency demanded L = λ·W₀:           328.0" in block
+    assert "Concurrency demanded L = λ·W_B:          328.0" in block
     assert "Traffic needs 264 more requests resident than there are slots" in block
     calm = report.stability_block(stability(Device(tau0_ms=20, beta_ms=0.2), 64, 1.0, 100.0, replicas=2))
     assert "stable" in calm and "more requests resident" not in calm and "(64 × 2 replicas)" in calm

@@ -7,6 +7,7 @@ directly (no plots) at the sizes the scenario's comments talk about, or as small
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,56 @@ def test_priority_tiers_starve_without_aging_and_share_with_it():
     assert ttft_s(aged, "interactive").mean() > 5 * ttft_s(strict, "interactive").mean()
 
 
+def _finished_ttft_s(result, tenant=None):
+    r = result.requests
+    keep = (r["status"] == "finished") & ((r["tenant"] == tenant) if tenant else True)
+    return r[keep]["ttft_s"]
+
+
+def test_priority_tiers_aging_bounds_the_gap_between_tiers_not_the_growth():
+    """The comment's figures: with aging_s = 5 the batch tier's longest TTFT is ~10 s over 60 s and
+    ~22 s over 240 s (it keeps growing: ρ ≈ 1.07), while the tiers' longest waits differ by ~aging_s."""
+    short, long = (run("priority_tiers", "scheduler.aging_s=5", f"workload.duration_s={d}") for d in (60, 240))
+    assert short.stability.offered_load == pytest.approx(1.06, abs=0.01)
+    assert long.stability.offered_load == pytest.approx(1.07, abs=0.01)
+    assert _finished_ttft_s(short, "batch").max() == pytest.approx(10.2, abs=0.1)
+    assert _finished_ttft_s(long, "batch").max() == pytest.approx(21.6, abs=0.1)
+    for result in (short, long):
+        gap = _finished_ttft_s(result, "batch").max() - _finished_ttft_s(result, "interactive").max()
+        assert gap == pytest.approx(5, abs=0.5)
+
+
+def test_long_prompts_stutter_shows_in_itl_not_tpot():
+    """The comment's figures, at the file's own size: p99 ITL 245 vs 48 ms, p99 TPOT 49 vs 46 ms, TTFT 2.2x."""
+    chunked = run("long_prompts").summary
+    whole = run("long_prompts", "batching.enable_chunked_prefill=false", "batching.max_num_batched_tokens=8192").summary
+    assert (round(whole["p99_itl_ms"]), round(chunked["p99_itl_ms"])) == (245, 48)
+    assert (round(whole["p99_tpot_ms"]), round(chunked["p99_tpot_ms"])) == (49, 46)
+    assert (round(chunked["mean_ttft_ms"]), round(whole["mean_ttft_ms"])) == (494, 225)
+    assert round(chunked["mean_ttft_ms"] / whole["mean_ttft_ms"], 1) == 2.2
+
+
+def test_heavy_tail_figures():
+    """P(out > 1000) of the lognormal (mean 200, sigma 1.2) is ~2.6 %, and the offered load is ~0.31."""
+    scenario = load_scenario(SCENARIOS / "heavy_tail.yaml")
+    out = scenario.workload.output_tokens
+    mu = math.log(out.mean) - out.sigma**2 / 2  # a lognormal's mean is exp(mu + sigma^2 / 2)
+    tail = 0.5 * math.erfc((math.log(1000) - mu) / (out.sigma * math.sqrt(2)))
+    assert round(100 * tail, 1) == 2.6 and round(1 / tail) == 38
+    assert round(math.exp(mu), -1) == 100  # the median
+    assert round(simulate(scenario).stability.offered_load, 2) == 0.31
+
+
+def test_oversubscribed_shed_cap_over_mu_is_the_mean_wait_not_the_worst():
+    """max_waiting = 8: mean TTFT ≈ 8/μ ≈ 2 s, the longest ≈ 12.5 s (slots free in waves)."""
+    shed = run("oversubscribed_shed", "scheduler.max_waiting=8")
+    ttft = _finished_ttft_s(shed)
+    assert round(8 / shed.stability.capacity_requests_per_s) == 2
+    assert ttft.mean() == pytest.approx(8 / shed.stability.capacity_requests_per_s, rel=0.15)
+    assert round(ttft.max(), 1) == 12.5
+    assert load_scenario(SCENARIOS / "oversubscribed_shed.yaml", ["scheduler.max_waiting=1"]).scheduler.max_waiting == 1
+
+
 def test_trace_replay_replays_the_shipped_trace():
     result = run("trace_replay")
     trace = Path(result.scenario.resolve(result.scenario.workload.trace.path))
@@ -102,3 +153,23 @@ def test_trace_replay_replays_the_shipped_trace():
     assert result.summary["num_requests"] == len(trace.read_text().splitlines()) - 1
     assert result.stability.stable
     assert not run("trace_replay", "workload.trace.time_scale=0.25").stability.stable
+
+
+def test_heavy_tail_shows_static_capacity_not_the_multiplier():
+    """README: continuous carries the offered 2 req/s; static manages about 1 req/s; the ratio ~2x is capacity."""
+    by_mode = {m: run("heavy_tail", f"batching.mode={m}").summary for m in ("static", "continuous")}
+    assert round(by_mode["static"]["request_throughput"]) == 1
+    assert by_mode["continuous"]["request_throughput"] == pytest.approx(2, rel=0.05)
+    assert round(by_mode["continuous"]["output_throughput"] / by_mode["static"]["output_throughput"]) == 2
+    assert by_mode["static"]["mean_ttft_ms"] > 60e3 > 100 * by_mode["continuous"]["mean_ttft_ms"]
+
+
+def test_busy_fraction_is_near_one_at_any_real_load():
+    """concepts.md: the busy fraction is no load gauge; on stable.yaml's traffic it is 97 %, 99 % and 99.6 %
+    at offered loads 0.26, 0.77 and 1.28, and only a trickle (rho 0.03) leaves the engine idle half the time."""
+    quoted = {0.1: (0.03, 54), 1: (0.26, 97), 3: (0.77, 99), 5: (1.28, 99.6)}
+    for rate, (rho, busy_percent) in quoted.items():
+        result = run("stable", f"workload.arrival.rate={rate}")
+        assert round(result.stability.offered_load, 2) == rho
+        digits = 1 if busy_percent % 1 else 0
+        assert round(100 * result.summary["server_utilization"], digits) == busy_percent

@@ -54,7 +54,7 @@ def capacity(
     """Throughput B/τ(B) by batch size, the batch size for 50 % of the roofline, and the stability check.
 
     τ(B) = tau0 + beta·B is the step time of B decoding sequences; B/τ(B) tokens/s rises toward
-    the roofline 1/β. Given a rate and a mean output length, the traffic's utilization and the
+    the roofline 1/β. Given a rate and a mean output length, the traffic's offered load ρ and the
     concurrency it demands (Little's law) are checked against max_num_seqs × replicas.
     """
     from simbatch import report

@@ -136,7 +136,7 @@ def compare(sources: list[Path] = SOURCES_ARG,
             force: bool = FORCE_OPT) -> None:
     """Side by side: one scenario's variants on the very same requests, or existing runs.
 
-    simbatch compare chat.yaml --vary scheduler.policy=fcfs,sjf,priority;
+    simbatch compare scenarios/heavy_tail.yaml --vary scheduler.policy=fcfs,sjf,priority;
     simbatch compare results/a results/b vllm_result.json
     """
     from simbatch import report, results

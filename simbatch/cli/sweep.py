@@ -123,7 +123,8 @@ def sweep(
 ) -> None:
     """Run a scenario over a grid of parameters with replications: summary.csv (means, 95 % CIs) and plots.
 
-    Example: simbatch sweep chat.yaml -p workload.arrival.rate=1,2,4,8 -p batching.mode=static,continuous
+    Example: simbatch sweep scenarios/heavy_tail.yaml -p workload.arrival.rate=1,2,4,8
+    -p batching.mode=static,continuous
 
     Exit code 1 when any point failed (the others are in summary.csv), 2 on bad input.
     """
@@ -213,7 +214,7 @@ def capacity_search(
 ) -> None:
     """The highest arrival rate meeting every SLO, per configuration: bisection below the analytic capacity.
 
-    Example: simbatch capacity-search chat.yaml --slo ttft_p99_ms=500 --slo tpot_p99_ms=50
+    Example: simbatch capacity-search scenarios/stable.yaml --slo ttft_p99_ms=500 --slo tpot_p99_ms=50
     -p batching.max_num_seqs=32,64
 
     Exit code 1 when any configuration has no answer (SLOs out of reach, a failed run), 2 on bad input.
@@ -236,7 +237,7 @@ def capacity_search(
         table.add_row(*(_cell(v) for v in row))
     Console(width=max(100, 16 * len(frame.columns))).print(table)
     typer.echo("ratio = max_rate / capacity_requests_per_s: the share of the analytic capacity (the rate at which "
-               "the device is busy all the time) that this configuration can take while meeting every SLO.")
+               "the offered load ρ reaches 1) that this configuration can take while meeting every SLO.")
     from simbatch.sweep.plots import plot_slo_vs_rate
 
     written = [plan.out / "capacity.csv", plan.out / "probes.csv"]

@@ -65,7 +65,7 @@ def histogram_edges(values: np.ndarray, bins: int) -> np.ndarray:
 
 
 def e2e_histogram(runs: Mapping[str, Frames], *, unloaded_latency_s: float | None = None) -> Figure:
-    """Histogram of end-to-end latency; the unloaded latency shows how much of it is queueing."""
+    """Histogram of end-to-end latency; the full-batch latency W_B (no queue) shows how much of it is queueing."""
     fig, ax = new_figure()
     finished = {label: _finished(r.requests)["e2e_s"].to_numpy(dtype=float) for label, r in runs.items()}
     everything = np.concatenate([v for v in finished.values()] + [np.zeros(0)])
@@ -77,7 +77,7 @@ def e2e_histogram(runs: Mapping[str, Frames], *, unloaded_latency_s: float | Non
                     label=f"{label}: mean {e2e.mean():,.2f} s ({len(e2e):,} requests)")
     if unloaded_latency_s is not None:
         ax.axvline(unloaded_latency_s, color="0.2", linestyle="--",
-                   label=f"unloaded latency W₀ = {unloaded_latency_s:,.2f} s (no queueing)")
+                   label=f"latency at a full batch W_B = {unloaded_latency_s:,.2f} s (no queueing)")
     ax.set_title("End-to-end latency")
     finish_axes(ax, "requests", xlabel="E2E latency (s)")
     return fig

@@ -5,7 +5,7 @@ bisection on ``workload.arrival.rate`` between
 
 - a rate that meets the SLOs, found by halving from half the analytic capacity, and
 - the analytic capacity ``cost.stability(...).capacity_requests_per_s``, the rate at which the
-  device is busy all the time (utilization 1). It is never probed: at or above it the waiting
+  offered load ρ reaches 1 (a full batch at every step). It is never probed: at or above it the waiting
   queue grows for as long as arrivals last, so on a long enough run every latency percentile grows
   past any finite SLO. A finite run can still squeeze under an SLO there, and would report a rate
   that a production server could not hold.
