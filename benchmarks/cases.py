@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from simbatch.config import Scenario
 
-STABLE_RATE = 4.0  # req/s: utilization ~0.70 by the stability check (see `describe`)
+STABLE_RATE = 4.0  # req/s: offered load ~0.7 by the stability check (see `describe`)
 
 
 def conversation(num_requests: int, rate: float = STABLE_RATE, output_scale: float = 1.0,

@@ -73,7 +73,7 @@ def run_cases(names: list[str], repeats: int) -> dict:
     return {name: summarize_runs(r) for name, r in runs.items()}
 
 
-def utilization(name: str) -> float:
+def offered_load(name: str) -> float:
     scenario = CASES[name][1]()
     if scenario.workload.num_requests > 100_000:
         scenario = scenario.model_copy(update={"workload": scenario.workload.model_copy(
@@ -122,13 +122,13 @@ def write_report(results: dict, repeats: int, calibration: tuple[float, float]) 
         f"Machine speed: a fixed 10M-iteration Python loop took {calibration[0]:.2f} s of CPU before the "
         f"benchmarks and {calibration[1]:.2f} s after (lower is faster; times below scale with it).",
         "",
-        "| case | what | requests | utilization | simulation (s) | with frames (s) | requests/s | "
+        "| case | what | requests | offered load | simulation (s) | with frames (s) | requests/s | "
         "iterations | iterations/s | rows | longest queue | preemptions | peak RSS (MB) |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, r in results.items():
         lines.append(
-            f"| {name} | {CASES[name][0]} | {r['requests']:,} | {utilization(name):.2f} | "
+            f"| {name} | {CASES[name][0]} | {r['requests']:,} | {offered_load(name):.2f} | "
             f"{r['simulation_s']:.2f} [{r['min_simulation_s']:.2f}] | {r['total_s']:.2f} [{r['min_total_s']:.2f}] | "
             f"{r['requests'] / r['simulation_s']:,.0f} | {r['iterations']:,} | "
             f"{r['iterations'] / r['simulation_s']:,.0f} | {r['iteration_rows']:,} | {r['max_waiting']:,} | "
