@@ -140,9 +140,8 @@ class Stability:
     offered_load: float  # rho: device-seconds demanded per device-second, decode and prefill
     capacity_requests_per_s: float  # the arrival rate at which rho = 1
     # W_B, the latency with every slot busy and no queue: prefill plus output tokens at the full-batch
-    # step time. Not the latency of an idle server (output tokens at tau(1), far shorter); the name is
-    # kept because summary.json and the closed-loop rate read it.
-    unloaded_latency_s: float
+    # step time. Not the latency of an idle server (output tokens at tau(1), far shorter).
+    full_batch_latency_s: float
     demanded_concurrency: float  # Little's law L = lambda * W_B
     replicas: int = 1
     slots: float = 0  # max_num_seqs (a mixed fleet: the replicas' mean)
@@ -203,7 +202,7 @@ def stability(device: Device, batch_size: int, arrival_rate: float, mean_output_
     per_request_s = (math.inf if full == 0 else mean_output_tokens * tau_full / full) + \
         device.prefill_ms_per_token * mean_prompt_tokens / 1e3
     rho = arrival_rate * per_request_s / replicas
-    unloaded = step_time_s(device, full, 0) * mean_output_tokens + \
+    w_full = step_time_s(device, full, 0) * mean_output_tokens + \
         device.prefill_ms_per_token * mean_prompt_tokens / 1e3
     return Stability(
         arrival_rate=arrival_rate,
@@ -214,8 +213,8 @@ def stability(device: Device, batch_size: int, arrival_rate: float, mean_output_
         capacity_tokens_per_s=replicas * decode_throughput(device, full),
         offered_load=rho,
         capacity_requests_per_s=math.inf if per_request_s == 0 else replicas / per_request_s,
-        unloaded_latency_s=unloaded,
-        demanded_concurrency=arrival_rate * unloaded,
+        full_batch_latency_s=w_full,
+        demanded_concurrency=arrival_rate * w_full,
         replicas=replicas,
         slots=batch_size,
         memory_batch=memory_batch,
@@ -244,7 +243,7 @@ def fleet_stability(replicas: Sequence[tuple[Device, int] | tuple[Device, int, f
             for d, b, m in specs]
     capacity = sum(s.capacity_requests_per_s for s in each)
     share = [1 / len(each) if math.isinf(capacity) else s.capacity_requests_per_s / capacity for s in each]
-    unloaded = sum(w * s.unloaded_latency_s for w, s in zip(share, each, strict=True))
+    w_full = sum(w * s.full_batch_latency_s for w, s in zip(share, each, strict=True))
     return replace(
         each[0],
         batch_size=sum(s.batch_size for s in each) / len(each),
@@ -253,8 +252,8 @@ def fleet_stability(replicas: Sequence[tuple[Device, int] | tuple[Device, int, f
         capacity_tokens_per_s=sum(s.capacity_tokens_per_s for s in each),
         offered_load=arrival_rate / capacity,
         capacity_requests_per_s=capacity,
-        unloaded_latency_s=unloaded,
-        demanded_concurrency=arrival_rate * unloaded,
+        full_batch_latency_s=w_full,
+        demanded_concurrency=arrival_rate * w_full,
         replicas=len(specs),
         admission_control=admission_control,
     )

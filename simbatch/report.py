@@ -123,7 +123,7 @@ def stability_block(st: Stability) -> str:
               _title("Concurrency (Little's law)"),
               # Not "unloaded": every step is charged at the full batch, the latency when the slots
               # are all busy but nobody queues; a request alone would step at τ(1), much faster.
-              _row("Latency at a full batch W_B (s):", st.unloaded_latency_s),
+              _row("Latency at a full batch W_B (s):", st.full_batch_latency_s),
               _row("Concurrency demanded L = λ·W_B:", st.demanded_concurrency, 1),
               _row(f"Slots available ({_batch(st.batch_size)} × {st.replicas} replica{'s' * (st.replicas > 1)}):",
                    round(slots))]

@@ -36,8 +36,8 @@ def expected_stability(scenario: Scenario, workload: WorkloadArrays) -> Stabilit
 
     Each replica's full batch is capped by what its KV cache holds, from the mean blocks a running
     request holds over its output (:func:`~simbatch.cost.mean_blocks_held`). Closed-loop users have
-    no arrival rate; the rate checked is the one they would send at the unloaded latency W0:
-    concurrency / (W0 + think time), the most they can ask of the server.
+    no arrival rate; the rate checked is the one they would send at the latency of a full batch W_B:
+    concurrency / (W_B + think time).
     """
     duration = float(workload.arrival_s[-1]) if len(workload) else 0.0
     rate = scenario.workload.arrival.rate if scenario.workload.arrival is not None else float("inf")
@@ -55,8 +55,8 @@ def expected_stability(scenario: Scenario, workload: WorkloadArrays) -> Stabilit
              float(workload.prompt_tokens.mean()) if len(workload) else 0.0)
     users = scenario.workload.closed_loop
     if users is not None:
-        unloaded_s = fleet_stability(replicas, 1.0, *means).unloaded_latency_s
-        rate = users.concurrency / (unloaded_s + users.think_time_s)
+        w_full_s = fleet_stability(replicas, 1.0, *means).full_batch_latency_s
+        rate = users.concurrency / (w_full_s + users.think_time_s)
     return fleet_stability(replicas, rate, *means, admission_control=shed)
 
 

@@ -101,7 +101,7 @@ def test_stability_of_the_chapter_example():
     assert s.capacity_requests_per_s == pytest.approx(20.0 / 5.125)
     # W_B, at the full-batch step time: 500 x 32.8 ms = 16.4 s; Little: L = 20 x 16.4 = 328 resident.
     # Not the idle server's latency (concepts.md, notebook 01): alone, 500 x tau(1) = 10.1 s.
-    assert s.unloaded_latency_s == pytest.approx(16.4)
+    assert s.full_batch_latency_s == pytest.approx(16.4)
     assert 500 * step_time_s(CHAPTER, 1) == pytest.approx(10.1)
     assert s.demanded_concurrency == pytest.approx(328.0)
     assert not s.stable
@@ -118,4 +118,4 @@ def test_stability_scales_with_replicas_and_charges_prefill():
     s = stability(device, 64, 2.0, 500.0, mean_prompt_tokens=1000.0)
     assert s.offered_load == pytest.approx(2 * (500 * 0.0328 / 64 + 0.05))
     assert s.capacity_requests_per_s == pytest.approx(1 / (500 * 0.0328 / 64 + 0.05))
-    assert s.unloaded_latency_s == pytest.approx(500 * 0.0328 + 0.05)
+    assert s.full_batch_latency_s == pytest.approx(500 * 0.0328 + 0.05)

@@ -47,7 +47,7 @@ def save_run_plots(folder: Path, result: Result) -> list[Path]:
         "kv_usage": kv_usage(runs, num_blocks=blocks),
         "batch_size": batch_size(runs, max_num_seqs=slots),
         "ttft_cdf": ttft_cdf(runs, slo_ttft_ms=sc.slo.ttft_ms),
-        "e2e_histogram": e2e_histogram(runs, unloaded_latency_s=st.unloaded_latency_s),
+        "e2e_histogram": e2e_histogram(runs, full_batch_latency_s=st.full_batch_latency_s),
     }
     n = sc.cluster.replicas
     if n > 1:

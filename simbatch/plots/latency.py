@@ -64,7 +64,7 @@ def histogram_edges(values: np.ndarray, bins: int) -> np.ndarray:
     return np.linspace(lo, hi, bins + 1)
 
 
-def e2e_histogram(runs: Mapping[str, Frames], *, unloaded_latency_s: float | None = None) -> Figure:
+def e2e_histogram(runs: Mapping[str, Frames], *, full_batch_latency_s: float | None = None) -> Figure:
     """Histogram of end-to-end latency; the full-batch latency W_B (no queue) shows how much of it is queueing."""
     fig, ax = new_figure()
     finished = {label: _finished(r.requests)["e2e_s"].to_numpy(dtype=float) for label, r in runs.items()}
@@ -75,9 +75,9 @@ def e2e_histogram(runs: Mapping[str, Frames], *, unloaded_latency_s: float | Non
         if len(e2e):
             ax.hist(e2e, bins=bins, color=color, alpha=0.55 if len(runs) > 1 else 0.85,
                     label=f"{label}: mean {e2e.mean():,.2f} s ({len(e2e):,} requests)")
-    if unloaded_latency_s is not None:
-        ax.axvline(unloaded_latency_s, color="0.2", linestyle="--",
-                   label=f"latency at a full batch W_B = {unloaded_latency_s:,.2f} s (no queueing)")
+    if full_batch_latency_s is not None:
+        ax.axvline(full_batch_latency_s, color="0.2", linestyle="--",
+                   label=f"latency at a full batch W_B = {full_batch_latency_s:,.2f} s (no queueing)")
     ax.set_title("End-to-end latency")
     finish_axes(ax, "requests", xlabel="E2E latency (s)")
     return fig
