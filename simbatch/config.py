@@ -484,8 +484,9 @@ class Sim(_Model):
     )
     fast_forward: bool = Field(
         default=True,
-        description="Advance over runs of identical steps in one go (same results as stepping; "
-        "false steps one iteration at a time, the reference).",
+        description="The accelerated engine: decodes advanced in lockstep, runs of identical steps in one go, "
+        "a lone replica running ahead (the same frames, bit for bit). false: the reference engine, one "
+        "SimPy event per step and every request scheduled one at a time.",
     )
 
 
