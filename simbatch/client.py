@@ -22,10 +22,12 @@ import simpy
 
 from simbatch.clock import Urgent, to_ns, trigger_late
 from simbatch.config import Workload
+from simbatch.observers import Observer
 
 
-class Client:
-    """N slots shared by the requests in flight; the engine asks one before each send and frees it after.
+class Client(Observer):
+    """N slots shared by the requests in flight; the engine asks one before each send, and the
+    client, observing the run, frees it when that request completes or is rejected.
 
     A slot freed by a completion is usable ``think_time_s`` later (0 for the capped open loop).
     """
@@ -61,6 +63,12 @@ class Client:
             yield self._wake
         self.free -= 1
         return env.now - intended_ns if self.open_loop else 0
+
+    def completion(self, t_s: float, requests: list) -> None:
+        self.done(len(requests))
+
+    def rejection(self, t_s: float, request_id: int, reason: str) -> None:
+        self.done()
 
     def done(self, count: int = 1) -> None:
         """``count`` requests left the server (finished or rejected): their slots free up."""

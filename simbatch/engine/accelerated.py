@@ -96,7 +96,7 @@ class AcceleratedReplica(Replica):
         step_duration_ns, planned = self.step_duration_ns, self._planned
         run_ahead, stop_at = self.run_ahead, self.stop_at_ns  # set by the cluster before the run starts
         contiguous, now = False, env.now  # now: this replica's clock, ahead of env.now when running ahead
-        late = self.on_finish is not None  # a client: plan after the sends of this instant (no running ahead)
+        late = self.plans_after_sends  # a client: plan after the sends of this instant (no running ahead)
         observed = bool(self.observers)
         while True:
             if late:

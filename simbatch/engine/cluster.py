@@ -67,13 +67,18 @@ class Engine:
                  on_progress: Callable[[float, int], None] | None = None, observers: Sequence[Observer] = ()):
         self.scenario = scenario
         self.workload = workload
-        self.observers = tuple(observers)
         self.env = simpy.Environment()
+        # A client sends when earlier requests complete or are rejected, so send times are known only
+        # as the run goes: it observes the run, after the caller's observers.
+        self.client = Client.of(self.env, scenario.workload)
+        self.observers = (*observers, self.client) if self.client is not None else tuple(observers)
         self.recorder = Recorder(len(workload), scenario.cluster.replicas)
         self.replica_scenarios = replica_scenarios(scenario)
         cls = AcceleratedReplica if scenario.sim.fast_forward else Replica
         self.replicas = [cls(self.env, i, s, self.recorder, workload.tenant_names, check_invariants, self.observers)
                          for i, s in enumerate(self.replica_scenarios)]
+        for replica in self.replicas:
+            replica.plans_after_sends = self.client is not None
         self.router = make_router(scenario, workload.session)
         self.on_progress = on_progress
         self.arrivals_done = False
@@ -83,11 +88,6 @@ class Engine:
         if scenario.cluster.signal_delay_ms > 0:
             self._views = deque()
             self.env.process(self._observe())  # first, so that it snapshots t <= 0 before any arrival
-        # A client sends when earlier requests complete, so send times are known only as the run goes.
-        self.client = Client.of(self.env, scenario.workload)
-        if self.client is not None:
-            for replica in self.replicas:
-                replica.on_finish = self.client.done
         # A lone accelerated replica is told when each request will arrive (see _arrivals), and
         # unless snapshots read its state in between, it may run ahead up to there; not with a
         # client, whose next send may wait on any of its completions.
@@ -155,8 +155,6 @@ class Engine:
                 rec.reject(now_s, i, "cluster_full")
                 for o in observers:
                     o.rejection(now_s, i, "cluster_full")
-                if client is not None:
-                    client.done()
                 continue
             if single:
                 replica = replicas[0]
@@ -170,8 +168,6 @@ class Engine:
                 rec.reject(now_s, i, reason)
                 for o in observers:
                     o.rejection(now_s, i, reason)
-                if client is not None:
-                    client.done()
                 continue
             rec.arrive(now_s, i)
             req = Request(i, now_s, prompt, output, tenant, priority)

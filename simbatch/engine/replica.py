@@ -17,7 +17,7 @@ nanoseconds (:mod:`simbatch.clock`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import simpy
 
@@ -47,9 +47,8 @@ class Replica:
         self.step = 0
         self._wake: simpy.Event | None = None  # set while sleeping
         self._step_ctx: tuple | None = None  # the step in progress, to record if the clock stops
-        # Told of every completion, at its time (a client whose next send waits on it); None: nobody.
-        # Then requests are also sent at completion instants, so the loop plans only after them.
-        self.on_finish: Callable[[int], None] | None = None
+        # With a client, requests are also sent at completion instants: the loop plans only after them.
+        self.plans_after_sends = False
         self.process = env.process(self._run())
 
     # ---------------------------------------------------------------- what the router sees
@@ -120,23 +119,22 @@ class Replica:
             self.recorder.finish(end_s, outcome.finished)
             for o in self.observers:
                 o.completion(end_s, outcome.finished)
-            if self.on_finish is not None:
-                self.on_finish(len(outcome.finished))
 
     def _run(self):
         env, sched, rec = self.env, self.scheduler, self.recorder
         contiguous = False
         while True:
-            if self.on_finish is not None:
+            if self.plans_after_sends:
                 yield Late(env)  # sends at this instant, caused by completions at it, come first
             now = env.now
-            plan = sched.schedule(now / NS_PER_S)
+            now_s = now / NS_PER_S
+            plan = sched.schedule(now_s)
             if plan.__class__ is not StepPlan:
                 yield from self._sleep(plan)
                 contiguous = False
                 continue
             duration = self.step_duration_ns(plan)
-            shape = self._planned(plan, now / NS_PER_S, duration)
+            shape = self._planned(plan, now_s, duration)
             kv_blocks = sched.kv_blocks_used
             self._step_ctx = (now, shape, kv_blocks, contiguous, plan)
             yield env.timeout(duration)
@@ -146,9 +144,9 @@ class Replica:
             self.step += 1
             if outcome.itl_tokens != plan.decode_seqs:  # a token after a pause, or a first token
                 shape = replaced(shape, "itl_tokens", outcome.itl_tokens)
-            rec.steps(self.index, now / NS_PER_S, 1, shape, kv_blocks, contiguous)
+            rec.steps(self.index, now_s, 1, shape, kv_blocks, contiguous)
             if self.observers:
-                self._observed(now / NS_PER_S, shape.duration_s, 1, plan)
+                self._observed(now_s, shape.duration_s, 1, plan)
             self._finished(outcome, end_s)
             contiguous = True
 
