@@ -130,12 +130,12 @@ class AcceleratedReplica(Replica):
                     self._run_ctx = (plan, shape, contiguous)
                     self._run_start_ns, self._run_step_ns, self._run_offset = start, duration, n
                     if self.knows_arrivals:
-                        m, cut = self._steps_before_arrival(start, duration, k - n)
+                        m = self._steps_before_arrival(start, duration, k - n)
                         end = start + m * duration
                         if not run_ahead or end >= self.next_arrival_ns or end >= stop_at:
                             yield env.timeout(end - env.now)
                     else:
-                        m, cut = yield from self._run_of_steps(start, duration, k - n)
+                        m = yield from self._run_of_steps(start, duration, k - n)
                         end = start + m * duration
                     self._run_step_ns = 0
                     kv_sum = sched.kv_blocks_sum(n + m) - sched.kv_blocks_sum(n) if n else sched.kv_blocks_sum(m)
@@ -143,9 +143,11 @@ class AcceleratedReplica(Replica):
                     if observed:
                         self._observed(start / NS_PER_S, shape.duration_s, m, plan)
                     n, start, contiguous = n + m, end, True
-                    if cut and late:
+                    if n == k:
+                        break  # the run is over: nothing cut it, or an arrival in its last step
+                    if late:
                         yield Late(env)  # decide at the step boundary as the reference plans: after its sends
-                    if cut and not sched.plan_survives_arrivals():
+                    if not sched.plan_survives_arrivals():
                         break
                     # The arrival only lengthened WAITING: the same plan runs on, recorded anew.
                     shape = replaced(shape, "num_waiting", len(sched.waiting))
@@ -180,32 +182,30 @@ class AcceleratedReplica(Replica):
             self._run_ctx = None
         super().stop(at_ns)
 
-    def _steps_before_arrival(self, start_ns: int, step_ns: int, k: int) -> tuple[int, bool]:
+    def _steps_before_arrival(self, start_ns: int, step_ns: int, k: int) -> int:
         """Of up to ``k`` steps from ``start_ns``, how many run before the next arrival here is seen.
 
         The step in progress when it arrives is the last one (an arrival at the instant a step ends is
-        seen right after that step). Returns (steps, whether the arrival cut the run short).
+        seen right after that step); fewer than ``k`` means the arrival cut the run short.
         """
         t_next = self.next_arrival_ns
-        if t_next < start_ns + k * step_ns:
-            return steps_to_reach(start_ns, step_ns, t_next), True
-        return k, False
+        return steps_to_reach(start_ns, step_ns, t_next) if t_next < start_ns + k * step_ns else k
 
     def _run_of_steps(self, start_ns: int, step_ns: int, k: int):
         """Hold the GPU for up to ``k`` steps, or until an arrival is seen (woken by ``submit``).
 
-        Returns (steps done, whether an arrival cut the run short).
+        Returns the steps done (fewer than ``k`` when an arrival cut the run short).
         """
         env = self.env
         self._wake = env.event()
         yield self._wake | env.timeout(k * step_ns)
-        n, cut = k, False
+        n = k
         if self._wake.triggered and env.now < start_ns + k * step_ns:
             # An arrival during step n: finish that step; the scheduler sees the arrival after it.
-            n, cut = steps_to_reach(start_ns, step_ns, env.now), True
+            n = steps_to_reach(start_ns, step_ns, env.now)
             end_ns = start_ns + n * step_ns
             self._wake = None
             if end_ns > env.now:
                 yield env.timeout(end_ns - env.now)
         self._wake = None
-        return n, cut
+        return n
