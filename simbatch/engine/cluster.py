@@ -152,18 +152,14 @@ class Engine:
             view = None if views is None else views.popleft()
             if max_in_flight is not None and \
                     sum(r.num_running + r.num_waiting for r in replicas) >= max_in_flight:
-                rec.reject(now_s, i, "cluster_full")
-                for o in observers:
-                    o.rejection(now_s, i, "cluster_full")
-                continue
-            if single:
-                replica = replicas[0]
+                reason = "cluster_full"  # never routed
             else:
-                replica = replicas[self.router.route(i, replicas if view is None else view)]
-            rec.replica[i] = replica.index
-            reason = rejected[replica.index].get(i)
-            if reason is None and max_waiting is not None and replica.num_waiting >= max_waiting:
-                reason = "queue_full"
+                replica = replicas[0] if single else \
+                    replicas[self.router.route(i, replicas if view is None else view)]
+                rec.replica[i] = replica.index
+                reason = rejected[replica.index].get(i)
+                if reason is None and max_waiting is not None and replica.num_waiting >= max_waiting:
+                    reason = "queue_full"
             if reason is not None:
                 rec.reject(now_s, i, reason)
                 for o in observers:
