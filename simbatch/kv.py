@@ -14,8 +14,21 @@ Invariant, checked by :meth:`KVCacheManager.check_conservation` at every step of
 from __future__ import annotations
 
 from simbatch.config import KVCache
-from simbatch.cost import blocks_for
 from simbatch.request import Request
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    """KV blocks that hold ``tokens`` tokens: ceil(tokens / block_size)."""
+    return -(-tokens // block_size)
+
+
+def peak_kv_tokens(prompt_tokens: int, output_tokens: int) -> int:
+    """Tokens a request holds in the KV cache at its largest.
+
+    The last generated token is emitted and never fed back, so it is never cached:
+    prompt + output - 1 tokens (at least the prompt). Takes ints or NumPy arrays alike.
+    """
+    return prompt_tokens + (output_tokens > 0) * (output_tokens - 1)
 
 
 class BlockPool:

@@ -16,8 +16,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from simbatch.capacity import Stability
 from simbatch.config import LATENCY_METRICS, Device
-from simbatch.cost import Stability, batch_for_fraction, decode_throughput, roofline_tokens_per_s, step_time_s
+from simbatch.cost import batch_for_fraction, decode_throughput, roofline_tokens_per_s, step_time_s
 from simbatch.metrics.stats import describe_ms, percentile_word
 from simbatch.text import printable
 

@@ -132,7 +132,7 @@ def continuous_request_cost_s(device: Device, batch_size: int, mean_output_token
     Every step holds ``batch_size`` sequences and samples one token for each, so a request's L
     tokens take L/B of the steps' fixed cost; its slot costs beta in its L - 1 decode steps (its
     prefill step charges gamma per prompt token instead). So tau0 E[L]/B + beta (E[L] - 1) + gamma E[P].
-    Its inverse is the saturated request rate (``cost.stability`` charges beta for all L tokens, a
+    Its inverse is the saturated request rate (``capacity.stability`` charges beta for all L tokens, a
     slightly conservative capacity); E[L] over it the saturated output tokens/s.
     """
     tau0, beta, gamma = device.tau0_ms / 1e3, device.beta_ms / 1e3, device.prefill_ms_per_token / 1e3

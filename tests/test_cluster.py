@@ -18,8 +18,9 @@ import pytest
 from builders import make_scenario
 
 from simbatch import streams
+from simbatch.capacity import fleet_stability, stability
 from simbatch.config import replica_scenarios
-from simbatch.cost import decode_throughput, fleet_stability, stability
+from simbatch.cost import decode_throughput
 from simbatch.engine import Engine
 from simbatch.loading import ScenarioError, load_scenario
 from simbatch.metrics.cluster import imbalance, per_replica

@@ -1,4 +1,4 @@
-"""The cost model and the capacity maths, against the chapter's worked device and exercises.
+"""The step-time model, the KV block arithmetic and the capacity check, against the chapter's worked device and exercises.
 
 The chapter's device: tau0 = 20 ms, beta = 0.2 ms per decoding sequence (the ``Device`` defaults).
 """
@@ -9,16 +9,10 @@ import math
 
 import pytest
 
+from simbatch.capacity import stability
 from simbatch.config import Device
-from simbatch.cost import (
-    batch_for_fraction,
-    blocks_for,
-    decode_throughput,
-    peak_kv_tokens,
-    roofline_tokens_per_s,
-    stability,
-    step_time_s,
-)
+from simbatch.cost import batch_for_fraction, decode_throughput, roofline_tokens_per_s, step_time_s
+from simbatch.kv import blocks_for, peak_kv_tokens
 
 CHAPTER = Device(tau0_ms=20.0, beta_ms=0.2)
 

@@ -18,8 +18,8 @@ from builders import make_scenario
 from matplotlib.figure import Figure
 
 from simbatch import plots, report, results
+from simbatch.capacity import stability
 from simbatch.config import Device
-from simbatch.cost import stability
 from simbatch.plots import series
 from simbatch.simulation import simulate
 

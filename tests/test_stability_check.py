@@ -7,9 +7,9 @@ import pytest
 from test_cli import SCENARIOS, invoke, table_value
 
 from simbatch import results
-from simbatch.cost import mean_blocks_held, memory_batch
+from simbatch.capacity import expected_stability, mean_blocks_held, memory_batch
 from simbatch.loading import load_scenario
-from simbatch.simulation import expected_stability, simulate
+from simbatch.simulation import simulate
 from simbatch.workload import generate
 
 

@@ -58,8 +58,7 @@ def capacity(
     concurrency it demands (Little's law) are checked against max_num_seqs × replicas.
     """
     from simbatch import report
-    from simbatch.cost import stability
-    from simbatch.simulation import expected_stability
+    from simbatch.capacity import expected_stability, stability
     from simbatch.workload import generate
 
     for flag, value in (("--max-num-seqs", max_num_seqs), ("--rate", rate),

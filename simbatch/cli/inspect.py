@@ -18,7 +18,7 @@ from simbatch.text import printable
 @reports_bad_input
 def validate(scenario_file: Path = SCENARIO_ARG, sets: list[str] = SET_OPT, force: bool = FORCE_OPT) -> None:
     """Check a scenario, and the data files it reads, without simulating it."""
-    from simbatch.simulation import expected_stability
+    from simbatch.capacity import expected_stability
     from simbatch.workload import generate
 
     scenario = load_scenario(scenario_file, sets)

@@ -72,7 +72,7 @@ def run(scenario_file: Path = SCENARIO_ARG,
     --max-concurrency, --percentile-metrics, --metric-percentiles, --goodput) set scenario keys.
     """
     from simbatch import report, results
-    from simbatch.simulation import expected_stability
+    from simbatch.capacity import expected_stability
     from simbatch.workload import generate
 
     bench = bench_overrides(request_rate, burstiness, num_prompts, max_concurrency, percentile_metrics,
@@ -140,8 +140,8 @@ def compare(sources: list[Path] = SOURCES_ARG,
     simbatch compare results/a results/b vllm_result.json
     """
     from simbatch import report, results
+    from simbatch.capacity import expected_stability
     from simbatch.compare import CompareInputError, shares_workload, variants
-    from simbatch.simulation import expected_stability
     from simbatch.workload import generate
 
     say = (lambda text: None) if quiet else typer.echo

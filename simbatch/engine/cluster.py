@@ -22,9 +22,9 @@ import simpy
 from simbatch.client import Client
 from simbatch.clock import NS_PER_S, Urgent, to_ns
 from simbatch.config import Scenario, replica_scenarios
-from simbatch.cost import blocks_for, peak_kv_tokens
 from simbatch.engine.accelerated import AcceleratedReplica
 from simbatch.engine.replica import Replica
+from simbatch.kv import blocks_for, peak_kv_tokens
 from simbatch.metrics.recorder import Recorder
 from simbatch.observers import Observer
 from simbatch.request import Request

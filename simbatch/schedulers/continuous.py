@@ -33,8 +33,7 @@ is its accelerated twin, which must plan the very same steps.
 from __future__ import annotations
 
 from simbatch.config import Scenario
-from simbatch.cost import blocks_for
-from simbatch.kv import KVCacheManager
+from simbatch.kv import KVCacheManager, blocks_for
 from simbatch.policies import WaitingQueue, victim_key, waiting_key
 from simbatch.request import RUNNING, WAITING, Request
 from simbatch.schedulers.base import IDLE, BaseScheduler, Idle, StepOutcome, StepPlan

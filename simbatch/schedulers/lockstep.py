@@ -25,8 +25,7 @@ import heapq
 from operator import mul
 
 from simbatch.config import Scenario
-from simbatch.cost import blocks_for
-from simbatch.kv import KVCacheManager
+from simbatch.kv import KVCacheManager, blocks_for
 from simbatch.policies import WaitingQueue
 from simbatch.request import RUNNING, Request
 from simbatch.schedulers.base import IDLE, Idle, StepOutcome, StepPlan

@@ -29,8 +29,7 @@ from __future__ import annotations
 from collections import deque
 
 from simbatch.config import Scenario
-from simbatch.cost import peak_kv_tokens
-from simbatch.kv import KVCacheManager
+from simbatch.kv import KVCacheManager, peak_kv_tokens
 from simbatch.policies import WaitingQueue
 from simbatch.request import Request, Status
 from simbatch.schedulers.base import IDLE, Answer, BaseScheduler, SleepUntil, StepOutcome, StepPlan

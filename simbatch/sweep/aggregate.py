@@ -3,7 +3,7 @@
 Each row holds the point's parameters, then for every numeric metric of the run summary (see
 :mod:`simbatch.metrics.summary`) and of the analytic stability check (``capacity_tokens_per_s``,
 ``capacity_requests_per_s``, ``offered_tokens_per_s``, ``offered_load``; see
-:func:`simbatch.cost.stability`) two columns:
+:func:`simbatch.capacity.stability`) two columns:
 
 - ``<metric>_mean``: the mean over the point's replications;
 - ``<metric>_ci95``: the half-width of a 95 % confidence interval for that mean, Student-t based,

@@ -4,7 +4,7 @@ For each configuration (each point of the ``--param`` grid; the rate itself is w
 bisection on ``workload.arrival.rate`` between
 
 - a rate that meets the SLOs, found by halving from half the analytic capacity, and
-- the analytic capacity ``cost.stability(...).capacity_requests_per_s``, the rate at which the
+- the analytic capacity ``capacity.stability(...).capacity_requests_per_s``, the rate at which the
   offered load ρ reaches 1 (a full batch at every step). It is never probed: at or above it the waiting
   queue grows for as long as arrivals last, so on a long enough run every latency percentile grows
   past any finite SLO. A finite run can still squeeze under an SLO there, and would report a rate
@@ -53,9 +53,9 @@ from typing import Any
 
 import pandas as pd
 
+from simbatch.capacity import expected_stability
 from simbatch.config import Metrics
 from simbatch.metrics.stats import percentile_word
-from simbatch.simulation import expected_stability
 from simbatch.sweep.aggregate import combine, param_cells
 from simbatch.sweep.plan import (
     SEED_IS_PER_REPLICATION,

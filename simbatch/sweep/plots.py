@@ -7,7 +7,7 @@ mode has its own colour). Error bars are the 95 % confidence intervals of ``summ
 
 - ``latency.png``: median and p99 of TTFT, TPOT and end-to-end latency: the hockey stick.
 - ``throughput.png``: output tokens/s against the analytic capacity B/tau(B) of
-  :func:`simbatch.cost.stability` (and, against rate, the offered load lambda E[out]).
+  :func:`simbatch.capacity.stability` (and, against rate, the offered load lambda E[out]).
 - ``goodput.png``: requests/s meeting the scenario's SLOs, next to all completed requests/s; drawn
   only when the scenario sets an ``slo``.
 - ``batch_throughput.png``, when ``batching.max_num_seqs`` is swept: the device curve

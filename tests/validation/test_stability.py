@@ -7,7 +7,7 @@ number in system N(t) is a positive-recurrent process, so its time average conve
 theorem for regenerative processes; S. Asmussen, *Applied Probability and Queues*, 2003, ch. VI):
 the averages over a window of length T and of 2T agree within noise. Above it every step is full,
 admissions run at mu_max, and the number waiting grows on average as (lambda - mu_max) t, so the
-window-2T average exceeds the window-T one by (lambda - mu_max) T / 2. ``cost.stability`` (the
+window-2T average exceeds the window-T one by (lambda - mu_max) T / 2. ``capacity.stability`` (the
 verdict ``simbatch run`` prints) charges beta for all L tokens, a capacity lower by about one beta
 per request (0.15% here); its mu_max, from each run's own mean output, is checked against the slope
 too, and its verdict must be stable exactly when lambda < mu_max.
@@ -90,7 +90,7 @@ def test_above_capacity_grows_linearly(sim, check, mode):
     seeds = range(mode.pick(8, 30))
     short, long, slope, verdicts = _windows(sim, rate, seeds, warmup_s, window_s)
     check.ci("slope of num_waiting, lambda - mu_max (requests/s)", rate - mu, slope, seeds)
-    check.paired("slope of num_waiting, lambda - cost.stability's mu_max (requests/s)",
+    check.paired("slope of num_waiting, lambda - capacity.stability's mu_max (requests/s)",
                  [rate - v.capacity_requests_per_s for v in verdicts], slope, seeds)
     check.ci("L over 2T minus L over T, (lambda - mu_max) T/2 (requests)", (rate - mu) * window_s / 2,
              [b - a for a, b in zip(short, long, strict=True)], seeds)
