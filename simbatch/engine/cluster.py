@@ -108,7 +108,7 @@ class Engine:
         state at exactly t_i - delay (before t = 0: the empty cluster), not an approximation
         refreshed at some polling period. Cost: one event and one snapshot of N replicas per arrival.
         """
-        env, delay_ns = self.env, to_ns(self.scenario.cluster.signal_delay_ms / 1e3)
+        env, delay_ns = self.env, to_ns(self.scenario.cluster.signal_delay_s)
         for t in _chunked(self._arrival_ns):
             if t - delay_ns > env.now:
                 yield Urgent(env, t - delay_ns - env.now)
