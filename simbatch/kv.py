@@ -98,12 +98,13 @@ class BlockPool:
 class KVCacheManager:
     """Device and host pools plus the per-request bookkeeping of who holds which blocks."""
 
-    __slots__ = ("block_size", "device", "host")
+    __slots__ = ("block_size", "device", "host", "_num_checks")
 
     def __init__(self, cfg: KVCache):
         self.block_size = cfg.block_size
         self.device = BlockPool(cfg.num_blocks)
         self.host = BlockPool(cfg.swap_blocks)
+        self._num_checks = 0
 
     def blocks_for(self, tokens: int) -> int:
         return blocks_for(tokens, self.block_size)
@@ -194,13 +195,23 @@ class KVCacheManager:
         """AssertionError unless every block is free or held, once: device and host pools alike.
 
         ``held_for_members``: blocks a lockstep group holds on its members' behalf. A request's
-        count (``blocks``) must agree with the blocks held for it.
+        count (``blocks``) must agree with the blocks held for it. Counts are checked every time;
+        identities (no block held twice, none both held and free) cost O(num_blocks), so a pool
+        of more than ``FULL_CHECK_BLOCKS`` has them checked at every ``FULL_CHECK_EVERY``-th call.
         """
         device_holders, host_holders = list(device_holders), list(host_holders)
         held = [i for r in device_holders for i in r.block_ids] + list(held_for_members)
         assert sum(r.blocks for r in device_holders) == len(held), "block counts disagree with the blocks held"
-        _check_pool(self.device, held, "device")
-        _check_pool(self.host, [i for r in host_holders for i in r.host_block_ids], "host")
+        host_held = [i for r in host_holders for i in r.host_block_ids]
+        self._num_checks += 1
+        for pool, ids, name in ((self.device, held, "device"), (self.host, host_held, "host")):
+            assert len(ids) + pool.num_free == pool.num_blocks, f"{name} blocks not conserved"
+            if pool.num_blocks <= FULL_CHECK_BLOCKS or self._num_checks % FULL_CHECK_EVERY == 1:
+                _check_identities(pool, ids, name)
+
+
+FULL_CHECK_BLOCKS = 1024
+FULL_CHECK_EVERY = 64
 
 
 def _give(req: Request, ids: list[int]) -> None:
@@ -211,8 +222,7 @@ def _give(req: Request, ids: list[int]) -> None:
         req.block_ids = ids.copy()  # not the caller's list: the request's grows
 
 
-def _check_pool(pool: BlockPool, held: list[int], name: str) -> None:
+def _check_identities(pool: BlockPool, held: list[int], name: str) -> None:
     free = pool.free_ids()
     assert len(free) == pool.num_free, f"{name} free count disagrees with the free queue"
-    assert len(held) + len(free) == pool.num_blocks, f"{name} blocks not conserved"
     assert set(held) | set(free) == set(range(pool.num_blocks)), f"{name} block held twice, or held and free"

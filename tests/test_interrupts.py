@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from test_cli import SCENARIOS
 
-from simbatch.cli.common import Terminated
+from simbatch.errors import Terminated
 from simbatch.results import atomic_folder
 
 SIMBATCH = Path(sys.executable).with_name("simbatch")

@@ -177,3 +177,17 @@ def test_blocks_are_conserved_under_any_sequence_of_moves(num_blocks, swap_block
         kv.check_conservation(reqs, reqs)  # and by identity: every block free or held, once
         assert kv.device.num_free >= 0 and kv.host.num_free >= 0
         assert all(q.blocks == 0 or q.swapped_blocks == 0 for q in reqs)
+
+
+def test_a_large_pool_has_its_identities_checked_at_regular_calls():
+    kv = KVCacheManager(KVCache(block_size=4, num_blocks=4096))
+    a, b = request(0), request(1)
+    kv.allocate_slots(a, 8)
+    kv.allocate_slots(b, 4)
+    b.block_ids = [0]  # a's first block: the counts still add up
+    with pytest.raises(AssertionError, match="held twice"):
+        kv.check_conservation([a, b], [])  # the first call checks identities ...
+    for _ in range(63):
+        kv.check_conservation([a, b], [])  # ... the next ones counts only ...
+    with pytest.raises(AssertionError, match="held twice"):
+        kv.check_conservation([a, b], [])  # ... until the 64th call after it

@@ -8,26 +8,19 @@
     simbatch sweep SCENARIO.yaml      a grid of parameters x replications, locally or on Dask
     simbatch capacity-search ...      the highest arrival rate that meets the SLOs
 
-Each command lives in its own module; this one only assembles them.
+Each command lives in its own module; this one only assembles them. The console script is
+:func:`simbatch.console.main`, which wraps this app.
 """
 
 from __future__ import annotations
 
-import sys
+import typer
 
-try:
-    # Importing the machinery takes a good part of a second; Ctrl-C meanwhile is an interruption
-    # like any other ("interrupted", exit 130), not a traceback from the middle of an import.
-    import typer
-
-    from simbatch import __version__
-    from simbatch.cli.capacity import capacity
-    from simbatch.cli.inspect import schema, validate
-    from simbatch.cli.run import compare, run
-    from simbatch.cli.sweep import register as register_sweep
-except KeyboardInterrupt:
-    sys.stderr.write("interrupted\n")
-    sys.exit(130)
+from simbatch import __version__
+from simbatch.cli.capacity import capacity
+from simbatch.cli.inspect import schema, validate
+from simbatch.cli.run import compare, run
+from simbatch.cli.sweep import register as register_sweep
 
 app = typer.Typer(
     name="simbatch",

@@ -126,10 +126,6 @@ class BaseScheduler(ABC):
         return len(self.running)
 
     @property
-    def has_work(self) -> bool:
-        return bool(self.running) or len(self.waiting) > 0
-
-    @property
     def kv_blocks_used(self) -> int:
         return self.kv.device.num_used
 
