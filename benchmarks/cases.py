@@ -17,7 +17,14 @@ STABLE_RATE = 4.0  # req/s: offered load ~0.7 by the stability check (see `descr
 
 
 def conversation(num_requests: int, rate: float = STABLE_RATE, output_scale: float = 1.0,
-                 mode: str = "continuous", fast_forward: bool = True) -> Scenario:
+                 mode: str = "continuous", fast_forward: bool = True, prefix_caching: bool = False) -> Scenario:
+    """B1's traffic; ``prefix_caching``: a chat service on B1's device, rate and answers, with prefix
+    caching: 256 conversations, each turn the conversation so far (a shared 1,024-token system prompt,
+    earlier turns) and ~150 new tokens, up to 8,192 tokens; 1M tokens of KV cache (an 8B model on
+    an 80 GB GPU), so that conversations stay cached between turns."""
+    chat = {"num_sessions": 256, "prompt_tokens": {"dist": "lognormal", "mean": 150, "sigma": 0.9, "max": 2000},
+            "prefix": {"shared_tokens": 1024, "multi_turn": True, "max_context_tokens": 8192}} \
+        if prefix_caching else {}
     return Scenario.model_validate({
         "name": "bench-conversation",
         "seed": 1,
@@ -27,9 +34,11 @@ def conversation(num_requests: int, rate: float = STABLE_RATE, output_scale: flo
             "prompt_tokens": {"dist": "lognormal", "mean": 1155, "sigma": 0.9, "max": 8192},
             "output_tokens": {"dist": "lognormal", "mean": 211 * output_scale, "sigma": 1.0,
                               "max": int(1000 * output_scale)},
+            **chat,
         },
         "device": {"tau0_ms": 8.0, "beta_ms": 0.3, "prefill_ms_per_token": 0.09},
-        "kv_cache": {"block_size": 16, "num_blocks": 8192},
+        "kv_cache": {"block_size": 16, "num_blocks": 65536 if prefix_caching else 8192,
+                     "enable_prefix_caching": prefix_caching},
         "batching": {"mode": mode, "max_num_seqs": 256, "max_num_batched_tokens": 2048,
                      "enable_chunked_prefill": True},
         "sim": {"fast_forward": fast_forward},
@@ -49,4 +58,6 @@ CASES = {
            lambda: conversation(10_000, rate=STABLE_RATE * 5 / 0.70), None),
     "B4": ("B1 with every output length doubled (rate halved: the same decode load)",
            lambda: conversation(10_000, rate=STABLE_RATE / 2, output_scale=2.0), None),
+    "B6": ("B1's requests as multi-turn conversations, with prefix caching",
+           lambda: conversation(10_000, prefix_caching=True), None),
 }

@@ -82,7 +82,7 @@ def offered_load(name: str) -> float:
 
 
 def verdicts(r: dict) -> list[tuple[str, str, bool]]:
-    b1, b3, b4 = r["B1"], r.get("B3"), r.get("B4")
+    b1, b3, b4, b6 = r["B1"], r.get("B3"), r.get("B4"), r.get("B6")
     checks = [("B1 simulation <= 1 s", f"{b1['simulation_s']:.2f} s", b1["simulation_s"] <= 1.0),
               ("B1 including frames <= 2 s", f"{b1['total_s']:.2f} s", b1["total_s"] <= 2.0)]
     if "B2" in r:
@@ -101,6 +101,11 @@ def verdicts(r: dict) -> list[tuple[str, str, bool]]:
         ratio = statistics.median(ratios)
         checks.append(("B4 doubled outputs: wall <= 1.25x", f"{ratio:.2f}x, rounds {ratios[0]:.2f}-{ratios[-1]:.2f}",
                        ratio <= 1.25))
+    if b6:
+        ratios = paired_ratios(b6, b1)
+        ratio = statistics.median(ratios)
+        checks.append(("B6 prefix caching, conversations: wall <= 2x", f"{ratio:.2f}x, rounds {ratios[0]:.2f}-"
+                       f"{ratios[-1]:.2f}", ratio <= 2.0))
     for mode in ("static", "dynamic"):
         key = f"B1-{mode}"
         if key in r:

@@ -18,6 +18,7 @@ import numpy as np
 from simbatch.config import Device, Scenario, replica_scenarios
 from simbatch.cost import decode_throughput, step_time_s
 from simbatch.workload import WorkloadArrays
+from simbatch.workload.prefix import expected_cached_tokens
 
 
 def mean_blocks_held(prompt_tokens: np.ndarray, output_tokens: np.ndarray, block_size: int) -> float:
@@ -191,7 +192,9 @@ def expected_stability(scenario: Scenario, workload: WorkloadArrays) -> Stabilit
     Each replica's full batch is capped by what its KV cache holds, from the mean blocks a running
     request holds over its output (:func:`mean_blocks_held`). Closed-loop users have
     no arrival rate; the rate checked is the one they would send at the latency of a full batch W_B:
-    concurrency / (W_B + think time).
+    concurrency / (W_B + think time). With prefix caching on every replica, the prefill charged is
+    what a cache that never evicts would leave (:func:`~simbatch.workload.prefix.expected_cached_tokens`):
+    the check then says whether the traffic is carried when conversations stay cached.
     """
     duration = float(workload.arrival_s[-1]) if len(workload) else 0.0
     rate = scenario.workload.arrival.rate if scenario.workload.arrival is not None else float("inf")
@@ -205,8 +208,14 @@ def expected_stability(scenario: Scenario, workload: WorkloadArrays) -> Stabilit
             held[kv.block_size] = mean_blocks_held(workload.prompt_tokens, workload.output_tokens, kv.block_size)
         replicas.append((s.device, s.batching.max_num_seqs, memory_batch(kv.num_blocks, held[kv.block_size])))
     shed = scenario.scheduler.max_waiting is not None or scenario.cluster.max_in_flight is not None
+    prefill_tokens = workload.prompt_tokens
+    specs = replica_scenarios(scenario)
+    if all(s.kv_cache.enable_prefix_caching for s in specs):  # only the prefill the cache leaves is work
+        prefill_tokens = prefill_tokens - expected_cached_tokens(
+            workload.prompt_tokens, workload.output_tokens, workload.prefix_stream, workload.shared_prefix_tokens,
+            specs[0].kv_cache.block_size)
     means = (float(workload.output_tokens.mean()) if len(workload) else 0.0,
-             float(workload.prompt_tokens.mean()) if len(workload) else 0.0)
+             float(prefill_tokens.mean()) if len(workload) else 0.0)
     users = scenario.workload.closed_loop
     if users is not None:
         w_full_s = fleet_stability(replicas, 1.0, *means).full_batch_latency_s

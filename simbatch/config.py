@@ -223,6 +223,24 @@ class ClosedLoop(_Model):
         default=0.0, description="A user's pause between a response ending and its next request, s.")
 
 
+class Prefix(_Model):
+    """What requests' prompts have in common, for prefix caching (``kv_cache.enable_prefix_caching``).
+
+    A shared system prompt: a share of the requests, drawn at random, start with the same
+    ``shared_tokens`` tokens, prepended to the prompt the lengths section draws. Multi-turn sessions:
+    each request of a session continues its conversation, its prompt the conversation so far (every
+    earlier turn's prompt and output) followed by the new tokens the lengths section draws; a
+    conversation that would pass ``max_context_tokens`` starts over.
+    """
+
+    shared_tokens: NonNegInt = Field(default=0, description="Tokens of the shared system prompt.")
+    share: float = Field(default=1.0, ge=0, le=1, description="Share of requests that start with it.")
+    multi_turn: bool = Field(
+        default=False, description="Each request continues its session's conversation (needs workload.num_sessions).")
+    max_context_tokens: PosInt = Field(
+        default=32_768, description="A conversation whose next turn (prompt and output) would pass this starts over.")
+
+
 class Workload(_Model):
     """The traffic: arrivals and lengths, or a trace. Drawn from seeded streams independent of the mode."""
 
@@ -253,6 +271,9 @@ class Workload(_Model):
         default=None, description="Closed-loop users instead of an arrival process (set arrival to null): "
         "num_requests is the total they send, duration_s (if set) stops them sending."
     )
+    prefix: Prefix | None = Field(
+        default=None, description="Shared system prompt and multi-turn conversations (what prefix caching reuses)."
+    )
 
     @model_validator(mode="after")
     def _bounded(self) -> Workload:
@@ -281,6 +302,13 @@ class Workload(_Model):
                                  "request ends, so there are no arrival times; remove it (set arrival to null)")
             if self.num_requests is None:
                 raise ValueError("closed_loop needs num_requests: the users send that many requests in all")
+        if self.prefix is not None:
+            if self.trace is not None:
+                raise ValueError("prefix with a trace: the trace gives every prompt, and says nothing of what they "
+                                 "share; remove prefix or the trace")
+            if self.prefix.multi_turn and self.num_sessions is None:
+                raise ValueError("prefix.multi_turn needs num_sessions: a conversation is a session's requests; "
+                                 "set num_sessions")
         return self
 
 
@@ -319,6 +347,10 @@ class KVCache(_Model):
     num_blocks: PosInt = Field(default=8192, description="Blocks on the device.")
     swap_blocks: NonNegInt = Field(default=0, description="Blocks in the host swap pool (swap preemption).")
     swap_ms_per_block: NonNegFloat = Field(default=0.0, description="Transfer time per block, each way, ms.")
+    enable_prefix_caching: bool = Field(
+        default=False, description="Keep computed blocks, keyed by their content, for later requests with the "
+        "same prefix (vLLM's automatic prefix caching; continuous batching only)."
+    )
 
 
 # --------------------------------------------------------------------------- batching
@@ -544,6 +576,17 @@ class Scenario(_Model):
 
     # Where relative paths (traces, empirical lengths) are resolved; set by the loader, not the YAML.
     _base_dir: Path | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _prefix_caching(self) -> Scenario:
+        specs = self.cluster.replica_specs
+        pairs = [(self.kv_cache, self.batching)] if specs is None else \
+            [(s.kv_cache or self.kv_cache, s.batching or self.batching) for s in specs]
+        if any(kv.enable_prefix_caching and b.mode != "continuous" for kv, b in pairs):
+            raise ValueError("kv_cache.enable_prefix_caching with a request-level batching mode: a static or "
+                             "dynamic batch reserves its memory whole, for padded prompts; use batching.mode: "
+                             "continuous, or set enable_prefix_caching to false")
+        return self
 
     @model_validator(mode="after")
     def _client_and_delay(self) -> Scenario:

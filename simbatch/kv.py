@@ -20,6 +20,7 @@ block is free or held, never both, never twice, on the device and on the host al
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from simbatch.config import KVCache
@@ -98,11 +99,17 @@ class BlockPool:
 class KVCacheManager:
     """Device and host pools plus the per-request bookkeeping of who holds which blocks."""
 
-    __slots__ = ("block_size", "device", "host", "_num_checks")
+    __slots__ = ("block_size", "device", "host", "caching", "_num_checks")
 
     def __init__(self, cfg: KVCache):
         self.block_size = cfg.block_size
-        self.device = BlockPool(cfg.num_blocks)
+        self.caching = cfg.enable_prefix_caching
+        if self.caching:
+            from simbatch.prefix_cache import CachingBlockPool  # it builds on BlockPool, defined here
+
+            self.device: BlockPool = CachingBlockPool(cfg.num_blocks)
+        else:
+            self.device = BlockPool(cfg.num_blocks)
         self.host = BlockPool(cfg.swap_blocks)
         self._num_checks = 0
 
@@ -125,10 +132,39 @@ class KVCacheManager:
         return ids
 
     def release(self, req: Request) -> int:
-        """Free every device block ``req`` holds; returns how many."""
+        """Free every device block ``req`` holds (with prefix caching, publishing its full blocks
+        first: they stay findable until evicted); returns how many."""
+        if self.caching:
+            self.publish(req)
+            req.num_published_blocks = 0
         ids, req.block_ids = req.block_ids, ()
         self.device.free(ids)
         return len(ids)
+
+    # ---------------------------------------------------------------- prefix caching
+    def cached_prefix(self, req: Request) -> list[int]:
+        """The cached blocks that hold the start of ``req``'s known tokens, longest run from block 0;
+        never the block of the last known token, whose logits must be computed."""
+        return self.device.lookup(req, self.block_size)
+
+    def fits(self, req: Request, hits: Sequence[int], num_new_tokens: int) -> bool:
+        """Whether the free blocks cover admitting ``req`` on the cached ``hits`` to compute
+        ``num_new_tokens`` more: the new blocks, and the cached free ones among the hits, which
+        touching takes off the free queue."""
+        new = blocks_for(len(hits) * self.block_size + num_new_tokens, self.block_size) - len(hits)
+        free = self.device.num_free
+        return new + len(hits) <= free or new + self.device.num_evictable(hits) <= free
+
+    def use_cached(self, req: Request, hits: Sequence[int]) -> None:
+        """``req`` shares ``hits``: its first ``len(hits)`` blocks are computed already."""
+        self.device.touch(hits)
+        req.block_ids = list(hits)
+        req.num_published_blocks = len(hits)
+        req.num_computed_tokens = len(hits) * self.block_size
+
+    def publish(self, req: Request) -> None:
+        """Offer the full blocks of ``req``'s computed tokens to the prefix cache (simbatch.prefix_cache)."""
+        self.device.publish(req, self.block_size)
 
     def swap_out(self, req: Request) -> bool:
         """Move the blocks of ``req``'s computed tokens to the host; False (and no change) if the host
@@ -205,7 +241,9 @@ class KVCacheManager:
         host_held = [i for r in host_holders for i in r.host_block_ids]
         self._num_checks += 1
         for pool, ids, name in ((self.device, held, "device"), (self.host, host_held, "host")):
-            assert len(ids) + pool.num_free == pool.num_blocks, f"{name} blocks not conserved"
+            # With prefix caching a block may have several holders: its reference count says how many.
+            distinct = len(set(ids)) if self.caching and pool is self.device else len(ids)
+            assert distinct + pool.num_free == pool.num_blocks, f"{name} blocks not conserved"
             if pool.num_blocks <= FULL_CHECK_BLOCKS or self._num_checks % FULL_CHECK_EVERY == 1:
                 _check_identities(pool, ids, name)
 
@@ -226,3 +264,6 @@ def _check_identities(pool: BlockPool, held: list[int], name: str) -> None:
     free = pool.free_ids()
     assert len(free) == pool.num_free, f"{name} free count disagrees with the free queue"
     assert set(held) | set(free) == set(range(pool.num_blocks)), f"{name} block held twice, or held and free"
+    ref_cnt = getattr(pool, "ref_cnt", None)
+    if ref_cnt is not None:
+        assert Counter(held) == {b: n for b, n in ref_cnt.items() if n}, f"{name} reference counts disagree"

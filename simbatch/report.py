@@ -91,6 +91,8 @@ def result_table(summary: Mapping, percentile_metrics: Sequence[str] = LATENCY_M
               _row("Busy fraction (%):", 100 * summary["busy_fraction"], 1),
               _row("Preemptions:", summary["num_preemptions"]),
               _row("Mean queue time Wq (s):", summary["Wq_s"])]
+    if "prefix_cache_hit_rate" in summary:
+        lines.insert(len(lines) - 2, _row("Prefix cache hit rate (%):", 100 * summary["prefix_cache_hit_rate"], 1))
     replicas = sorted(int(k.split("_")[1]) for k in summary if k.startswith("replica_") and k.endswith("_L"))
     if replicas:
         lines += [_title("Replicas"),
@@ -215,6 +217,7 @@ _COMPARE_ROWS = (
     ("Padded tokens share (%)", lambda r: math.nan if r.iterations is None else 100 * padded_share(r.iterations), 1),
     ("Mean queue time Wq (s)", "Wq_s", 2),
     ("Preemptions", "num_preemptions", 0),
+    ("Prefix cache hit rate", "prefix_cache_hit_rate", 3),
 )
 
 

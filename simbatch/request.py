@@ -55,6 +55,11 @@ class Request:
     prefill_pending: bool = True  # computing known tokens before the next sample (prompt, or a recompute)
     # KV blocks held, by number (written by the KV cache manager only). A lockstep member's newest
     # blocks are held by its group on its behalf until it leaves (``blocks`` counts them).
+    # What its prompt shares with others (simbatch.workload.prefix), for prefix caching.
+    prefix_stream: int = -1
+    shared_prefix_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at its first admission
+    num_published_blocks: int = 0  # leading blocks offered to the prefix cache (KV manager's bookkeeping)
     # Empty ones are the shared (): a million requests need no million empty lists.
     block_ids: Sequence[int] = ()
     host_block_ids: Sequence[int] = ()  # on the host, after a swap preemption

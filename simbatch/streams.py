@@ -16,6 +16,7 @@ PROMPT_TOKENS = 2
 OUTPUT_TOKENS = 3
 ROUTING = 4
 SESSIONS = 5
+SHARED_PREFIX = 6
 
 
 def rng(seed: int, stream: int, *sub: int) -> np.random.Generator:

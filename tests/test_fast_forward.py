@@ -62,6 +62,12 @@ def scenarios(draw) -> dict:
     mode = draw(st.sampled_from(["continuous", "static", "dynamic"]))
     max_num_seqs = draw(st.integers(1, 24))
     policy = draw(st.sampled_from(["fcfs", "priority", "sjf", "fair"]))
+    # Prefix caching (continuous only): a shared system prompt, conversations, or both, in caches
+    # from cramped (evicting all the time) to ample.
+    caching = mode == "continuous" and draw(st.booleans())
+    prefix = draw(st.one_of(st.none(), st.fixed_dictionaries({
+        "shared_tokens": st.integers(0, 300), "share": st.sampled_from([0.0, 0.5, 1.0]),
+        "multi_turn": st.booleans(), "max_context_tokens": st.integers(50, 3000)})))
     return {
         "seed": draw(st.integers(0, 10_000)),
         "workload": {
@@ -72,11 +78,14 @@ def scenarios(draw) -> dict:
             "output_tokens": draw(lengths),
             "classes": [{"name": "interactive", "priority": 0, "share": 1},
                         {"name": "batch", "priority": 2, "share": draw(st.floats(0.1, 3))}],
+            "prefix": prefix,
+            "num_sessions": draw(st.integers(1, 12)) if prefix and prefix["multi_turn"] else None,
         },
         "device": {"tau0_ms": draw(st.floats(1, 30)), "beta_ms": draw(st.floats(0, 1)),
                    "prefill_ms_per_token": draw(st.floats(0, 0.1))},
         "kv_cache": {"block_size": draw(st.sampled_from([1, 4, 16])), "num_blocks": draw(st.integers(40, 3000)),
-                     "swap_blocks": draw(st.integers(0, 400)), "swap_ms_per_block": draw(st.floats(0, 0.5))},
+                     "swap_blocks": draw(st.integers(0, 400)), "swap_ms_per_block": draw(st.floats(0, 0.5)),
+                     "enable_prefix_caching": caching},
         "batching": {"mode": mode, "max_num_seqs": max_num_seqs,
                      "max_num_batched_tokens": draw(st.integers(max_num_seqs, 1024)),
                      "enable_chunked_prefill": draw(st.booleans()),
@@ -143,7 +152,7 @@ def tie_scenarios(draw, trace_dir) -> dict:
         path = trace_dir / f"ties_{abs(hash((tuple(times), tuple(prompts), tuple(outputs))))}.csv"
         path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" +
                         "".join(f"{t},{p},{o}\n" for t, p, o in zip(times, prompts, outputs, strict=True)))
-        workload = {"trace": {"path": str(path)}, "classes": workload["classes"]}
+        workload = {"trace": {"path": str(path)}, "classes": workload["classes"]}  # a trace has no prefixes
     else:
         rate = math.inf if kind == "at_once" else draw(st.sampled_from([0.5, 1.0, 2.0, 4.0, 8.0]))
         workload = {**workload, "arrival": {"process": "constant", "rate": rate},

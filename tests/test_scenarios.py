@@ -173,3 +173,19 @@ def test_busy_fraction_is_near_one_at_any_real_load():
         assert round(result.stability.offered_load, 2) == rho
         digits = 1 if busy_percent % 1 else 0
         assert round(100 * result.summary["busy_fraction"], digits) == busy_percent
+
+
+def test_prefix_caching_figures():
+    """The figures prefix_caching.yaml quotes."""
+    cached, uncached = run("prefix_caching"), run("prefix_caching", "kv_cache.enable_prefix_caching=false")
+    assert round(100 * cached.summary["prefix_cache_hit_rate"]) == 92
+    assert (round(cached.stability.offered_load, 2), round(uncached.stability.offered_load, 2)) == (0.65, 1.42)
+    assert round(cached.summary["p99_ttft_ms"]) == 107 and uncached.summary["p99_ttft_ms"] > 60_000
+    cramped = run("prefix_caching", "kv_cache.num_blocks=3000")
+    assert round(100 * cramped.summary["prefix_cache_hit_rate"]) == 45
+    fleet = ("workload.arrival.rate=20", "cluster.replicas=4")
+    affinity = run("prefix_caching", *fleet, "cluster.router=session_affinity")
+    scattered = run("prefix_caching", *fleet, "cluster.router=round_robin")
+    assert round(100 * affinity.summary["prefix_cache_hit_rate"]) == 96 and round(affinity.summary["p99_ttft_ms"]) == 113
+    assert round(100 * scattered.summary["prefix_cache_hit_rate"]) == 53 and scattered.summary["p99_ttft_ms"] > 100_000
+    assert round(scattered.stability.offered_load, 2) == 0.54

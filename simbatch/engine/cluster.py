@@ -30,6 +30,7 @@ from simbatch.observers import Observer
 from simbatch.request import Request
 from simbatch.router import Load, make_router
 from simbatch.workload import WorkloadArrays
+from simbatch.workload.prefix import OWN_STREAM
 
 
 def rejection_reasons(scenario: Scenario, prompt_tokens: np.ndarray, output_tokens: np.ndarray) -> dict[int, str]:
@@ -127,7 +128,8 @@ class Engine:
         max_waiting, max_in_flight = sc.scheduler.max_waiting, sc.cluster.max_in_flight
         replicas, views, observers = self.replicas, self._views, self.observers
         rows = zip(_chunked(self._arrival_ns), _chunked(wl.arrival_s), _chunked(wl.prompt_tokens),
-                   _chunked(wl.output_tokens), _chunked(wl.tenant), _chunked(wl.priority), strict=True)
+                   _chunked(wl.output_tokens), _chunked(wl.tenant), _chunked(wl.priority),
+                   _chunked(wl.prefix_stream), _chunked(wl.shared_prefix_tokens), strict=True)
         single = len(replicas) == 1 and views is None
         lone = self._lone  # told when each request will arrive
         client = self.client
@@ -135,7 +137,7 @@ class Engine:
         stop_sending_ns = to_ns(sc.workload.duration_s) \
             if client is not None and not client.open_loop and sc.workload.duration_s is not None else None
         rejected = [rejection_reasons(s, wl.prompt_tokens, wl.output_tokens) for s in self.replica_scenarios]
-        for i, (t, t_s, prompt, output, tenant, priority) in enumerate(rows):
+        for i, (t, t_s, prompt, output, tenant, priority, stream, shared) in enumerate(rows):
             if lone is not None:
                 lone.next_arrival_ns = t
             if client is not None:
@@ -166,6 +168,8 @@ class Engine:
                     o.rejection(now_s, i, reason)
                 continue
             req = Request(i, now_s, prompt, output, tenant, priority)
+            if stream != OWN_STREAM or shared:
+                req.prefix_stream, req.shared_prefix_tokens = stream, shared
             replica.submit(req, now_s)
             for o in observers:
                 o.arrival(now_s, req)

@@ -101,6 +101,7 @@ class Recorder(Observer):
         self.first_token_s = np.full(n, math.nan)
         self.finish_s = np.full(n, math.nan)
         self.num_preemptions = np.zeros(n, dtype=np.int32)
+        self.num_cached_tokens = np.zeros(n, dtype=np.int32)
         self.waiting_s = np.zeros(n)
         self.generated_tokens = np.zeros(n, dtype=np.int64)
         self.arrived = np.zeros(n, dtype=bool)
@@ -151,6 +152,7 @@ class Recorder(Observer):
         self.first_token_s[i] = req.first_token_s
         self.finish_s[i] = req.finish_s
         self.num_preemptions[i] = req.num_preemptions
+        self.num_cached_tokens[i] = req.num_cached_tokens
         self.waiting_s[i] = req.waiting_s
         self.generated_tokens[i] = req.num_generated
 

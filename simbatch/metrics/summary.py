@@ -10,6 +10,8 @@ Per request (the ``requests`` frame; times in seconds from the start of the run)
   ``vllm:request_queue_time_seconds``); NaN for a request never scheduled.
 - ``waiting_s`` total time spent in WAITING: the first queueing plus every wait after a preemption
   (up to the end of the run for a request still waiting then). Its mean is ``Wq_s``.
+- ``num_cached_tokens`` prompt tokens found in the prefix cache at the request's first admission
+  (``kv_cache.enable_prefix_caching``; 0 without it): prefill it skipped.
 - ``client_wait_s`` time the client held the request back before sending it (``workload.max_concurrency``;
   0 otherwise). ``arrival_s`` is when the server received it, the send, so TTFT and E2E count from
   the send as ``vllm bench serve`` measures them; the intended arrival is arrival_s - client_wait_s.
@@ -58,6 +60,10 @@ Queueing quantities, over admitted requests (arrived and not rejected):
 - ``mean_batch_size``: sequences per step, averaged over steps.
 - ``mean_kv_usage``: used / total device blocks, averaged over busy time.
 - ``num_preemptions``: total over the run.
+- ``prefix_cache_queries``, ``prefix_cache_hits`` (tokens) and ``prefix_cache_hit_rate`` = hits /
+  queries, with prefix caching: the prompt tokens of every request admitted at least once, and
+  those of them found cached at its first admission (vLLM's ``vllm:prefix_cache_queries`` and
+  ``vllm:prefix_cache_hits``, which also count the lookups of re-admissions after a preemption).
 
 Tenants (with more than one, see :func:`tenant_summary`): ``tenant_<name>_request_throughput``,
 ``tenant_<name>_mean_ttft_ms``, ``tenant_<name>_p99_ttft_ms``, ``tenant_<name>_mean_e2el_ms``.
@@ -111,6 +117,7 @@ def requests_frame(wl: WorkloadArrays, rec: Recorder) -> pd.DataFrame:
         "output_tokens": output,
         "generated_tokens": rec.generated_tokens[idx],
         "num_preemptions": rec.num_preemptions[idx],
+        "num_cached_tokens": rec.num_cached_tokens[idx],
         "status": pd.Categorical.from_codes(rec.status[idx], categories=list(OUTCOMES)),
         # Through a Series: the same column as numpy's ``astype(str)``, several times faster.
         "reason": pd.Series(rec.reason[idx]).astype(str),
@@ -215,6 +222,12 @@ def summarize(scenario: Scenario, requests: pd.DataFrame, iterations: pd.DataFra
     out["mean_kv_usage"] = float((iterations["kv_blocks_used"] / kv_total * busy).sum() / busy.sum()) \
         if busy.sum() else 0.0
     out["num_preemptions"] = int(requests["num_preemptions"].sum())
+    if any(s.kv_cache.enable_prefix_caching for s in replica_scenarios(scenario)):
+        admitted = requests["first_scheduled_s"].notna().to_numpy()
+        out["prefix_cache_queries"] = int(requests["prompt_tokens"].to_numpy()[admitted].sum())
+        out["prefix_cache_hits"] = int(requests["num_cached_tokens"].to_numpy()[admitted].sum())
+        queries = out["prefix_cache_queries"]
+        out["prefix_cache_hit_rate"] = out["prefix_cache_hits"] / queries if queries else math.nan
     out |= cluster_summary(requests, iterations, duration, replicas)
     out |= tenant_summary(requests, duration)
     return out

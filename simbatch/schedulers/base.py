@@ -154,9 +154,10 @@ class BaseScheduler(ABC):
         req.last_token_step = step
 
     def _retire(self, req: Request, end_s: float) -> None:
+        """``req`` is done; its blocks are released with the step's other finished requests
+        (``_drop_finished``), in one order whichever engine runs."""
         req.status = FINISHED
         req.finish_s = end_s
-        self.kv.release(req)
         self.waiting.on_release(req)
 
     def _block_holders(self) -> list[Request]:

@@ -18,7 +18,8 @@ Every step the running set is chosen afresh (Orca), and each request gets a slic
    once, its work discarded), unless the preemptions left nothing running. Under the ``priority``
    policy a waiting request may evict a running one of strictly worse priority.
 
-Finished requests retire at the end of the step; their blocks are free for the very next one.
+Finished requests retire at the end of the step, releasing their blocks in running (admission)
+order; the blocks are free for the very next step.
 
 Chunking: with ``enable_chunked_prefill`` a prompt is split into slices of at most the remaining
 budget (and ``long_prefill_token_threshold``). Without it a prompt must fit whole into what is left
@@ -37,6 +38,10 @@ from simbatch.kv import KVCacheManager, blocks_for
 from simbatch.policies import WaitingQueue, victim_key, waiting_key
 from simbatch.request import RUNNING, WAITING, Request
 from simbatch.schedulers.base import IDLE, BaseScheduler, Idle, StepOutcome, StepPlan
+
+
+def _admission_order(req: Request) -> int:
+    return req.admitted_seq
 
 
 class ContinuousScheduler(BaseScheduler):
@@ -124,11 +129,12 @@ class ContinuousScheduler(BaseScheduler):
         self._sched[req] = n
         self._budget -= n
 
-    def _chunk(self, req: Request) -> int:
-        """Tokens ``req`` may compute this step, given what is left of the budget."""
+    def _chunk(self, req: Request, cached_tokens: int = 0) -> int:
+        """Tokens ``req`` may compute this step, given what is left of the budget (and, for a request
+        about to be admitted on a prefix-cache hit, the ``cached_tokens`` it will not compute)."""
         if not req.prefill_pending:
             return 1 if self._budget >= 1 else 0
-        remaining = req.remaining_tokens
+        remaining = req.remaining_tokens - cached_tokens
         if self.chunked or req.num_generated > 0:  # recompute is always splittable
             return min(remaining, self._budget, self.chunk_cap)
         return remaining if remaining <= self._budget else 0
@@ -196,9 +202,13 @@ class ContinuousScheduler(BaseScheduler):
             req = waiting.peek()
             if req is None:
                 break
-            n = self._chunk(req)
-            if n == 0 or len(running) >= self.max_num_seqs or \
-                    blocks_for(req.num_computed_tokens + n, kv.block_size) > kv.device.num_free:
+            # Prefix caching: a request with nothing computed starts from the cached blocks of its prefix.
+            hits = kv.cached_prefix(req) if kv.caching and not req.num_computed_tokens and \
+                not req.swapped_blocks else ()
+            n = self._chunk(req, len(hits) * kv.block_size)
+            if n == 0 or len(running) >= self.max_num_seqs or not (
+                    kv.fits(req, hits, n) if hits else
+                    blocks_for(req.num_computed_tokens + n, kv.block_size) <= kv.device.num_free):
                 if n and self.evicts_for_priority and self._evict_for(req, now, plan):
                     continue
                 if self.head_of_line_blocking or len(running) >= self.max_num_seqs or not kv.device.num_free:
@@ -208,6 +218,10 @@ class ContinuousScheduler(BaseScheduler):
                 passed_over.append(waiting.pop())
                 continue
             waiting.pop()
+            if hits:
+                kv.use_cached(req, hits)
+            if req.num_preemptions == 0:
+                req.num_cached_tokens = len(hits) * kv.block_size
             if req.swapped_blocks:
                 plan.swap_blocks += req.swapped_blocks
                 # Cannot fail: the swapped blocks hold its computed tokens, fewer than the check counted.
@@ -245,8 +259,11 @@ class ContinuousScheduler(BaseScheduler):
 
     def _apply_slices(self, plan: StepPlan, end_s: float, step: int, outcome: StepOutcome) -> None:
         """Each scheduled request computes its tokens; one that caught up samples a token."""
+        publish = self.kv.publish if self.kv.caching else None
         for req, n in plan.slices:
             req.num_computed_tokens += n
+            if publish is not None and req.prefill_pending:
+                publish(req)  # a prefill chunk's full blocks are findable at once (simbatch.prefix_cache)
             if req.num_computed_tokens < req.prompt_tokens + req.num_generated:
                 continue  # a prefill chunk with more to come
             if req.prefill_pending:
@@ -263,6 +280,11 @@ class ContinuousScheduler(BaseScheduler):
         """``req`` sampled a token and goes on decoding (a hook for the lockstep scheduler)."""
 
     def _drop_finished(self, finished: list[Request]) -> None:
+        """Release the step's finished requests, in running (admission) order as vLLM frees them:
+        with prefix caching the order their blocks join the free queue decides what is evicted first."""
+        release = self.kv.release
+        for req in sorted(finished, key=_admission_order) if len(finished) > 1 else finished:
+            release(req)
         if len(finished) < 8:
             for req in finished:
                 self.running.remove(req)

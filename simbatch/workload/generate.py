@@ -21,6 +21,7 @@ from simbatch.clock import snap_s
 from simbatch.config import RequestClass, Scenario
 from simbatch.workload.arrivals import arrival_times
 from simbatch.workload.lengths import sample_lengths
+from simbatch.workload.prefix import OWN_STREAM, apply_prefix
 from simbatch.workload.trace import load_trace
 
 
@@ -39,12 +40,20 @@ class WorkloadArrays:
     priority: np.ndarray  # int64, lower is served first under the priority policy
     tenant_names: tuple[str, ...]
     session: np.ndarray | None = None  # int64 session ids; None: each request its own, 0..n-1
+    # What prompts share (simbatch.workload.prefix): None, nothing.
+    prefix_stream: np.ndarray | None = None  # int64 conversation ids, or OWN_STREAM
+    shared_prefix_tokens: np.ndarray | None = None  # int64 tokens of the shared system prompt, or 0
 
     def __post_init__(self) -> None:
+        n = len(self.arrival_s)
         if self.session is None:
-            object.__setattr__(self, "session", np.arange(len(self.arrival_s), dtype=np.int64))
+            object.__setattr__(self, "session", np.arange(n, dtype=np.int64))
+        if self.prefix_stream is None:
+            object.__setattr__(self, "prefix_stream", np.full(n, OWN_STREAM, dtype=np.int64))
+        if self.shared_prefix_tokens is None:
+            object.__setattr__(self, "shared_prefix_tokens", np.zeros(n, dtype=np.int64))
         columns = (self.arrival_s, self.prompt_tokens, self.output_tokens, self.tenant, self.priority,
-                   self.session)
+                   self.session, self.prefix_stream, self.shared_prefix_tokens)
         if len({len(c) for c in columns}) != 1:
             raise ValueError(f"workload columns differ in length: {[len(c) for c in columns]}")
         for c in columns:
@@ -123,6 +132,11 @@ def generate(scenario: Scenario) -> WorkloadArrays:
     # num_sessions, from their own stream; without num_sessions every request is a session.
     session = None if wl.num_sessions is None else \
         streams.rng(seed, streams.SESSIONS).integers(wl.num_sessions, size=len(arrival_s), dtype=np.int64)
+    prefix_stream = shared_prefix_tokens = None
+    if wl.prefix is not None:
+        sessions = session if session is not None else np.arange(len(arrival_s), dtype=np.int64)
+        prompt_tokens, prefix_stream, shared_prefix_tokens = apply_prefix(
+            wl.prefix, prompt_tokens, output_tokens, sessions, streams.rng(seed, streams.SHARED_PREFIX))
     return WorkloadArrays(
         arrival_s=snap_s(arrival_s),  # the clock's grid: what the engine sees is what the frames report
         prompt_tokens=prompt_tokens,
@@ -131,4 +145,6 @@ def generate(scenario: Scenario) -> WorkloadArrays:
         priority=priority,
         tenant_names=tenant_names,
         session=session,
+        prefix_stream=prefix_stream,
+        shared_prefix_tokens=shared_prefix_tokens,
     )

@@ -1,0 +1,241 @@
+"""Prefix caching, by hand and against its closed form: the pool, the lookups, the scheduler, the run.
+
+Cases use ``builders.BASE`` (4-token blocks, 64 of them, a 16-token budget, 4 slots, 1 s steps)
+with ``kv_cache.enable_prefix_caching`` on.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from builders import Driver, make_scenario, req, tokens
+
+from simbatch.config import KVCache, Prefix
+from simbatch.kv import KVCacheManager
+from simbatch.loading import scenario_from_dict
+from simbatch.prefix_cache import SYSTEM_PROMPT, CachingBlockPool, block_key
+from simbatch.simulation import simulate
+from simbatch.workload.prefix import OWN_STREAM, apply_prefix
+
+SIMBATCH = Path(sys.executable).with_name("simbatch")
+
+
+def caching_driver(**overrides) -> Driver:
+    return Driver(make_scenario(kv_cache__enable_prefix_caching=True, **overrides))
+
+
+def with_system_prompt(request, tokens_: int):
+    request.shared_prefix_tokens = tokens_
+    return request
+
+
+# --------------------------------------------------------------------------- the pool
+def computed(pool: CachingBlockPool, request, num_tokens: int, block_size: int = 4):
+    """``request`` holding new blocks for ``num_tokens`` computed tokens, published."""
+    request.block_ids = pool.allocate(-(-num_tokens // block_size))
+    request.num_computed_tokens = num_tokens
+    pool.publish(request, block_size)
+    return request
+
+
+def test_a_cached_block_stays_findable_while_free_and_is_evicted_from_the_queue_head():
+    pool = CachingBlockPool(4)
+    r = req(0, 8, 1)
+    r.prefix_stream = 7
+    a = computed(pool, r, 8).block_ids  # blocks 0, 1
+    pool.free(a)  # the request's tail joins the queue first: 1, then 0
+    assert pool.num_free == 4 and pool.cached == {(7, 0): 0, (7, 1): 1}
+    assert pool.allocate(2) == [2, 3]  # never-used blocks go first
+    assert pool.allocate(1) == [1] and pool.cached == {(7, 0): 0}  # then the queue's head, evicted
+    assert pool.num_evictable([0]) == 1
+    pool.touch([0])  # a hit takes a free cached block off the queue
+    assert pool.num_free == 0 and pool.allocate(1) is None and pool.ref_cnt[0] == 1
+
+
+def test_a_shared_block_returns_to_the_queue_with_its_last_holder():
+    pool = CachingBlockPool(2)
+    [b] = computed(pool, with_system_prompt(req(0, 5, 1), 4), 4).block_ids
+    assert pool.cached == {(SYSTEM_PROMPT, 0): b}
+    pool.touch([b])
+    assert pool.ref_cnt[b] == 2 and pool.num_evictable([b]) == 0
+    pool.free([b])
+    assert pool.num_free == 1  # still held once
+    pool.free([b])
+    assert pool.num_free == 2 and pool.free_ids() == [1, b]
+    with pytest.raises(AssertionError, match="freed more"):
+        pool.free([b])
+
+
+def test_a_key_keeps_the_block_computed_first():
+    pool = CachingBlockPool(3)
+    first, second = req(0, 6, 1), req(1, 6, 1)
+    first.prefix_stream = second.prefix_stream = 3  # two turns of one conversation, computed side by side
+    computed(pool, first, 4)
+    computed(pool, second, 4)
+    assert pool.cached == {(3, 0): first.block_ids[0]} and second.block_ids[0] not in pool.key_of
+    assert second.num_published_blocks == 1  # offered, and not taken: it is not offered again
+
+
+# --------------------------------------------------------------------------- keys and lookups
+def test_block_keys_name_the_system_prompt_the_stream_or_the_request_alone():
+    r = with_system_prompt(req(5, 20, 1), 10)
+    assert [block_key(r, i, 4) for i in range(4)] == [(SYSTEM_PROMPT, 0), (SYSTEM_PROMPT, 1), (-7, 2), (-7, 3)]
+    r.prefix_stream = 3  # a conversation
+    assert block_key(r, 2, 4) == (3, 2) and block_key(r, 1, 4) == (SYSTEM_PROMPT, 1)
+
+
+def test_a_lookup_never_covers_the_last_known_token():
+    kv = KVCacheManager(KVCache(block_size=4, num_blocks=16, enable_prefix_caching=True))
+    first = with_system_prompt(req(0, 8, 1), 8)
+    kv.allocate_slots(first, 8)
+    first.num_computed_tokens = 8
+    kv.release(first)  # publishes both full blocks of the system prompt
+    exact = with_system_prompt(req(1, 8, 1), 8)
+    assert kv.cached_prefix(exact) == [0]  # 8 known tokens: the block of token 8 is computed again
+    longer = with_system_prompt(req(2, 9, 1), 8)
+    assert kv.cached_prefix(longer) == [0, 1]
+    # A new block, and both cached ones leave the free queue: 3 of the 16 free.
+    assert kv.fits(longer, [0, 1], 1)
+    kv.allocate_slots(req(3, 52, 1), 52)  # 13 blocks: 3 left free, of them the 2 cached
+    assert kv.fits(longer, [0, 1], 1) and not kv.fits(longer, [0, 1], 5)
+
+
+# --------------------------------------------------------------------------- the scheduler, by hand
+def test_a_second_request_skips_the_system_prompt_the_first_computed():
+    d = caching_driver()
+    first = with_system_prompt(req(0, 10, 3), 8)
+    d.add(first)
+    plan, _ = d.run()
+    assert tokens(plan) == {0: 10}  # prefill: blocks 0 and 1 (the system prompt) are published
+    second = with_system_prompt(req(1, 10, 3), 8)
+    d.add(second)
+    plan, _ = d.run()
+    # The first decodes token 11; the second finds 8 tokens cached and prefills only 2.
+    assert tokens(plan) == {0: 1, 1: 2} and plan.prefill_tokens == 2
+    assert second.num_cached_tokens == 8 and second.block_ids[:2] == first.block_ids[:2]
+    assert d.sched.kv.device.ref_cnt[first.block_ids[0]] == 2
+    while d.sched.running:
+        d.run()
+    assert d.sched.kv.device.num_free == 64  # shared blocks freed once each, by their last holder
+
+
+def test_a_recomputed_request_finds_its_own_blocks():
+    d = caching_driver(kv_cache__num_blocks=5, batching__max_num_seqs=2)
+    a, b = req(0, 8, 6), req(1, 8, 6)
+    d.add(a, b)
+    d.run()  # both prefill 8 tokens: 4 blocks
+    d.run()  # both decode token 9 into a new block each: 5 blocks ... one of them waits for the other
+    plans = [d.run()[0] for _ in range(6)]
+    victim = b if b.num_preemptions else a
+    assert victim.num_preemptions >= 1
+    # Re-admitted, it skipped the blocks its first run published (its prompt and first decodes).
+    readmit = next(p for p in plans if p.num_admitted)
+    assert tokens(readmit)[victim.request_id] < victim.prompt_tokens + victim.num_generated
+    while d.sched.running or d.sched.num_waiting:
+        d.run()
+
+
+def test_without_caching_nothing_is_found():
+    d = Driver(make_scenario())
+    first, second = with_system_prompt(req(0, 10, 2), 8), with_system_prompt(req(1, 10, 2), 8)
+    d.add(first)
+    d.run()
+    d.add(second)
+    plan, _ = d.run()
+    assert tokens(plan) == {0: 1, 1: 10} and second.num_cached_tokens == 0
+
+
+# --------------------------------------------------------------------------- the workload
+def test_conversations_grow_turn_by_turn_and_start_over_past_the_context_limit():
+    prefix = Prefix(shared_tokens=5, share=1.0, multi_turn=True, max_context_tokens=60)
+    prompts, stream, shared = apply_prefix(prefix, np.array([10, 10, 10, 10]), np.array([5, 5, 5, 5]),
+                                           np.array([0, 1, 0, 0]), np.random.default_rng(0))
+    # Session 0: 5 + 10 = 15, then 15 + 5 + 10 = 30, then 30 + 5 + 10 = 45 would end at 50 <= 60 ...
+    assert prompts.tolist() == [15, 15, 30, 45] and stream.tolist() == [0, 1, 0, 0]
+    prompts, stream, _ = apply_prefix(prefix.model_copy(update={"max_context_tokens": 40}), np.array([10, 10, 10]),
+                                      np.array([5, 5, 5]), np.array([0, 0, 0]), np.random.default_rng(0))
+    assert prompts.tolist() == [15, 30, 15] and stream.tolist() == [0, 0, 1]  # 30 + 5 + 10 + 5 > 40
+    assert shared.tolist() == [5, 5, 5, 5]
+
+
+def test_a_shared_system_prompt_is_prepended_to_its_share():
+    prompts, stream, shared = apply_prefix(Prefix(shared_tokens=100, share=0.25), np.full(4000, 7),
+                                           np.full(4000, 3), np.arange(4000), np.random.default_rng(1))
+    assert set(prompts.tolist()) == {7, 107} and (stream == OWN_STREAM).all()
+    assert abs((shared > 0).mean() - 0.25) < 0.03
+
+
+# --------------------------------------------------------------------------- whole runs against the closed form
+def test_shared_prefix_hits_follow_the_closed_form():
+    """With an ample cache and requests far apart, every request with the system prompt but the first
+    finds its whole blocks: floor(S / b) b tokens each, and nothing else is found."""
+    s_tokens, b = 100, 16
+    sc = scenario_from_dict({
+        "workload": {"num_requests": 60, "arrival": {"process": "constant", "rate": 0.5},
+                     "prompt_tokens": {"dist": "uniform", "low": 1, "high": 50},
+                     "output_tokens": {"dist": "fixed", "value": 8},
+                     "prefix": {"shared_tokens": s_tokens, "share": 0.5}},
+        "kv_cache": {"block_size": b, "enable_prefix_caching": True}})
+    rq = simulate(sc, check_invariants=True).requests
+    sharing = rq["prompt_tokens"] > s_tokens - 1  # the prompts drawn are 1..50 tokens: > 99 means shared
+    expected = np.where(sharing, s_tokens // b * b, 0)
+    expected[np.flatnonzero(sharing)[0]] = 0  # the first computes it
+    assert rq["num_cached_tokens"].tolist() == expected.tolist()
+    s = simulate(sc).summary
+    assert s["prefix_cache_hits"] == expected.sum() and s["prefix_cache_queries"] == rq["prompt_tokens"].sum()
+    assert math.isclose(s["prefix_cache_hit_rate"], expected.sum() / rq["prompt_tokens"].sum())
+
+
+def test_a_conversation_finds_every_full_block_of_the_previous_turn():
+    """Turns 4 s apart, each done within 0.7 s, and an ample cache: turn k finds floor((P + O - 1) / b) b
+    tokens of turn k-1 (its last output token was never computed), and the first turn nothing."""
+    b = 8
+    sc = scenario_from_dict({
+        "workload": {"num_requests": 40, "arrival": {"process": "constant", "rate": 0.25}, "num_sessions": 3,
+                     "prompt_tokens": {"dist": "uniform", "low": 1, "high": 40},
+                     "output_tokens": {"dist": "uniform", "low": 1, "high": 30},
+                     "prefix": {"multi_turn": True, "max_context_tokens": 400}},
+        "kv_cache": {"block_size": b, "enable_prefix_caching": True}})
+    rq = simulate(sc, check_invariants=True).requests
+    from simbatch.workload import generate
+
+    wl = generate(sc)
+    expected, last = [], {}
+    for i in range(len(wl)):
+        prev = last.get(int(wl.prefix_stream[i]))
+        expected.append(0 if prev is None else (prev - 1) // b * b)
+        last[int(wl.prefix_stream[i])] = int(wl.prompt_tokens[i] + wl.output_tokens[i])
+    assert rq["num_cached_tokens"].tolist() == expected
+    assert sum(expected) > 0
+
+
+def test_a_cramped_cache_evicts_and_still_conserves_every_block():
+    sc = scenario_from_dict({
+        "workload": {"num_requests": 150, "arrival": {"rate": 20.0}, "num_sessions": 5,
+                     "prompt_tokens": {"dist": "uniform", "low": 10, "high": 60},
+                     "output_tokens": {"dist": "uniform", "low": 1, "high": 40},
+                     "prefix": {"shared_tokens": 64, "share": 0.7, "multi_turn": True, "max_context_tokens": 600}},
+        "kv_cache": {"block_size": 4, "num_blocks": 200, "enable_prefix_caching": True},
+        "batching": {"max_num_seqs": 8, "max_num_batched_tokens": 256}})
+    cramped = simulate(sc, check_invariants=True)
+    ample = simulate(sc.model_copy(update={"kv_cache": sc.kv_cache.model_copy(update={"num_blocks": 20_000})}))
+    assert (cramped.requests["status"] == "finished").all()
+    assert 0 < cramped.summary["prefix_cache_hit_rate"] < ample.summary["prefix_cache_hit_rate"]
+
+
+# --------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize(("sets", "says"), [
+    (["batching.mode=static", "kv_cache.enable_prefix_caching=true"], "enable_prefix_caching with a request-level"),
+    (["workload.prefix.multi_turn=true"], "prefix.multi_turn needs num_sessions"),
+])
+def test_prefix_settings_that_cannot_work_are_one_line_errors(tmp_path, sets, says):
+    args = [str(SIMBATCH), "validate", str(Path(__file__).parent.parent / "scenarios" / "stable.yaml")]
+    for s in sets:
+        args += ["--set", s]
+    done = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert done.returncode == 2 and says in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
