@@ -39,7 +39,7 @@ All times here are in seconds unless a name says ``_ms`` or ``_ns``; the scenari
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from simbatch.clock import step_ns
@@ -199,21 +199,32 @@ def step_time_s(device: Device, decode_seqs: int | float, prefill_tokens: int | 
     return LinearCost.of(device).step_ms(decode_seqs, prefill_tokens, 0, kv_tokens, attention_pairs) / 1e3
 
 
+def work_s(device: Device, decode_seqs: int | float = 0, prefill_tokens: int | float = 0,
+           kv_tokens: int | float = 0, attention_pairs: int | float = 0) -> float:
+    """The step time without its fixed cost tau0, s: the work these sequences and tokens add to a step."""
+    without_tau0 = replace(LinearCost.of(device), tau0_ms=0.0)
+    return without_tau0.step_ms(decode_seqs, prefill_tokens, 0, kv_tokens, attention_pairs) / 1e3
+
+
 def decode_throughput(device: Device, batch_size: int | float, context_tokens: float = 0.0) -> float:
     """Tokens/s of a saturated decode batch of ``batch_size`` sequences, each reading
     ``context_tokens`` of cached context: B / tau(B, K = B c)."""
     return batch_size / step_time_s(device, batch_size, 0, batch_size * context_tokens)
 
 
-def roofline_tokens_per_s(device: Device) -> float:
-    """The limit of B / tau(B) as B grows, at short context: 1 / beta (infinite when beta is 0)."""
-    return math.inf if device.beta_ms == 0 else 1 / device.beta_s
+def roofline_tokens_per_s(device: Device, context_tokens: float = 0.0) -> float:
+    """The limit of B / tau(B) as B grows, each sequence reading ``context_tokens``: 1 / (beta + delta c)
+    (infinite when that is 0)."""
+    per_sequence_s = work_s(device, 1, 0, context_tokens)
+    return math.inf if per_sequence_s == 0 else 1 / per_sequence_s
 
 
-def batch_for_fraction(device: Device, fraction: float) -> float:
-    """Batch size at which B / tau(B) reaches ``fraction`` of the roofline: B = f tau0 / (beta (1 - f))."""
+def batch_for_fraction(device: Device, fraction: float, context_tokens: float = 0.0) -> float:
+    """Batch size at which B / tau(B) reaches ``fraction`` of the roofline: B = f tau0 / (b (1 - f)),
+    b = beta + delta c the time of one more sequence reading ``context_tokens``."""
     if not 0 < fraction < 1:
         raise ValueError(f"fraction must be in (0, 1), got {fraction}")
-    if device.beta_ms == 0:
+    per_sequence_s = work_s(device, 1, 0, context_tokens)
+    if per_sequence_s == 0:
         return math.inf
-    return fraction * device.tau0_ms / (device.beta_ms * (1 - fraction))
+    return fraction * device.tau0_s / (per_sequence_s * (1 - fraction))

@@ -7,11 +7,14 @@ then grow by delta per slot per step, and must sum, in whole nanoseconds, to wha
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from builders import Driver, at_once, make_scenario, req
 from hypothesis import given
 from hypothesis import strategies as st
+from test_cli import invoke, table_value
 
+from simbatch.capacity import expected_stability, mean_context_tokens, stability
 from simbatch.clock import step_ns
 from simbatch.config import Device, Scenario
 from simbatch.cost import LinearCost, StepRun, floor_sum, step_time_s
@@ -121,3 +124,72 @@ def test_a_long_decode_run_ends_where_stepping_ends_in_one_go():
     engine.env.timeout = lambda delay=0, value=None: made.append(delay) or timeout(delay, value)
     engine.run()
     assert len(made) <= 2  # the prefill and the run of 1,999 steps (or running ahead: fewer)
+
+
+def test_mean_context_is_the_length_weighted_mean_of_every_decode_step():
+    rng = np.random.default_rng(11)
+    prompt, output = rng.integers(1, 300, 200), rng.integers(1, 400, 200)
+    reads = np.concatenate([np.arange(p, p + o) for p, o in zip(prompt, output, strict=True)])
+    assert mean_context_tokens(prompt, output) == pytest.approx(reads.mean(), rel=1e-12)
+
+
+def test_the_closed_form_charges_context_and_prefill_attention_by_hand():
+    device = Device(tau0_ms=20.0, beta_ms=0.2, prefill_ms_per_token=0.05, kv_read_ms_per_1k_tokens=0.04,
+                    prefill_attention_ms_per_1m_pairs=0.7)
+    s = stability(device, 32, 2.0, 500.0, 1000.0, mean_context_tokens=1250.0, mean_prompt_sq_tokens=1.2e6)
+    # Per request: 500 (20/32 + 0.2 + 0.04 x 1.25) ms of decode + 0.05 x 1000 + 0.7 x 0.6 ms of prefill.
+    per_request_ms = 500 * (20 / 32 + 0.2 + 0.05) + 50 + 0.42
+    assert s.capacity_requests_per_s == pytest.approx(1e3 / per_request_ms)
+    assert s.offered_load == pytest.approx(2 * per_request_ms / 1e3)
+    assert s.full_batch_latency_s == pytest.approx((500 * (20 + 32 * 0.25) + 50.42) / 1e3)
+    assert s.capacity_tokens_per_s == pytest.approx(32 / (20 + 32 * 0.25) * 1e3)
+    # The batch's share of tau0 is 64 % of a request's device time: the slots bind.
+    assert s.limited_by == "slots" and s.shared_fraction == pytest.approx(500 * 20 / 32 / per_request_ms)
+    # Long contexts make the per-sequence work dominate: more slots would barely help.
+    long = stability(device, 32, 2.0, 500.0, 1000.0, mean_context_tokens=20_000.0)
+    assert long.limited_by == "compute" and "compute binds" in long.verdict
+
+
+def served(num_blocks: int, rate: float, delta: float = 0.04) -> Scenario:
+    return Scenario.model_validate({
+        "seed": 3,
+        "workload": {"num_requests": 6000, "arrival": {"rate": rate},
+                     "prompt_tokens": {"dist": "uniform", "low": 500, "high": 1500},
+                     "output_tokens": {"dist": "uniform", "low": 100, "high": 500}},
+        "device": {"tau0_ms": 20.0, "beta_ms": 0.05, "prefill_ms_per_token": 0.01,
+                   "kv_read_ms_per_1k_tokens": delta, "prefill_attention_ms_per_1m_pairs": 0.7},
+        "kv_cache": {"block_size": 16, "num_blocks": num_blocks},
+        "batching": {"max_num_seqs": 32, "max_num_batched_tokens": 2048},
+        "sim": {"max_time_s": 400.0}})
+
+
+@pytest.mark.parametrize(("num_blocks", "limit", "tolerance"), [(100_000, "slots", 0.02), (1_500, "memory", 0.06)])
+def test_the_closed_form_capacity_is_what_an_overloaded_server_serves(num_blocks, limit, tolerance):
+    """Offered twice its capacity, a server completes requests at its capacity: the closed form
+    (contexts of ~1,200 tokens at 40 ns a token) against 400 simulated seconds. Memory binding
+    loses a little more to preemptions (recomputed prompts), hence the wider tolerance."""
+    scenario = served(num_blocks, 1.0)
+    st = expected_stability(scenario, generate(scenario))
+    assert st.limited_by == limit and st.mean_context_tokens == pytest.approx(1175, rel=0.02)
+    throughput = simulate(served(num_blocks, 2 * st.capacity_requests_per_s)).summary["request_throughput"]
+    assert throughput == pytest.approx(st.capacity_requests_per_s, rel=tolerance)
+    # Without its context term the same closed form misses by more than the tolerance.
+    blind = expected_stability(served(num_blocks, 1.0, delta=0.0), generate(scenario))
+    assert abs(blind.capacity_requests_per_s / throughput - 1) > tolerance
+
+
+def test_simbatch_capacity_takes_the_context_terms():
+    args = ["capacity", "--tau0-ms", "20", "--beta-ms", "0.2", "--prefill-ms-per-token", "0.05",
+            "--kv-read-ms-per-1k-tokens", "0.04", "--prefill-attention-ms-per-1m-pairs", "0.7",
+            "--max-num-seqs", "32", "--rate", "2", "--mean-output-tokens", "500", "--mean-prompt-tokens", "1000"]
+    given = invoke(*args, "--mean-context-tokens", "1250")
+    assert given.exit_code == 0, given.output
+    # As by hand above, but E[prompt^2] taken as E[prompt]^2: 0.7 x 0.5 ms of prefill attention.
+    per_request_s = (500 * (20 / 32 + 0.2 + 0.05) + 50 + 0.35) / 1e3
+    assert table_value(given.stdout, "Offered load ρ (demand / capacity):") == pytest.approx(2 * per_request_s, abs=0.005)
+    assert table_value(given.stdout, "Mean context per decode step (tokens):") == 1250
+    assert "Limit that binds:                        slots (max_num_seqs)" in given.stdout
+    # Without --mean-context-tokens: E[prompt] + (E[out] - 1) / 2 = 1,249.5.
+    assert "at a context of 1,250 tokens" in invoke(*args).stdout
+    bad = invoke("capacity", "--kv-read-ms-per-1k-tokens", "-1")
+    assert bad.exit_code == 2 and "--kv-read-ms-per-1k-tokens" in bad.output and "Traceback" not in bad.output
