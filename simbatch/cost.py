@@ -107,9 +107,10 @@ class StepRun:
             return 1
         # Estimate from the unrounded progression (each floor is within 1 ns of it), then search
         # outward from the estimate, doubling, and bisect: a handful of exact sums in practice.
+        # m a + b m (m - 1) / 2 = dt, solved for m in the form that does not cancel when b is tiny.
         a = self.base_ns + (self.num + i0 * self.inc) / _DEN - 0.5
         b = self.inc / _DEN
-        est = (-(a - b / 2) + math.sqrt((a - b / 2) ** 2 + 2 * b * dt_ns)) / b
+        est = 2 * dt_ns / ((a - b / 2) + math.sqrt((a - b / 2) ** 2 + 2 * b * dt_ns))
         guess = max(1, math.ceil(est))
         if self.ns(i0, guess) >= dt_ns:
             hi, gap = guess, 1

@@ -45,6 +45,16 @@ def test_a_run_sums_and_inverts_its_steps_exactly(base_ns, num, inc, i0, m, dt_n
         assert run.reach(i0, dt_ns) == want
 
 
+def test_a_run_of_a_trillion_steps_costs_a_few_operations():
+    """Each step 3 ns longer than the last: the sum is an arithmetic series, and neither the total
+    nor the step in progress at an instant loops over the steps."""
+    run = StepRun(5_000_000, 1_000_000, 3 * 2_000_000)
+    n = 10**12
+    total = n * 5_000_000 + 3 * n * (n - 1) // 2
+    assert run.ns(0, n) == total
+    assert run.reach(0, total) == n and run.reach(0, total + 1) == n + 1 and run.reach(0, total - 1) == n
+
+
 def test_a_decode_and_a_prefill_chunk_by_hand():
     """A decodes after its 100-token prompt while B's 300-token prompt is chunked, 128 tokens a step."""
     for fast_forward in (False, True):
