@@ -7,8 +7,8 @@ bit for bit, on scenarios full of exact ties):
   nothing arrives (``BaseScheduler.repeatable_steps``: lockstep decodes until the next completion or
   block shortage), the run is one timeout. The repeats do the same work, but with a context-aware
   cost each reads one more token per decode slot than the last, so their durations form a
-  progression whose sums the cost model gives exactly (:class:`~simbatch.cost.StepRun`). An arrival at this replica during the run cuts it at the
-  end of the step in progress, which is exactly when a step-by-step engine would first see the
+  progression whose sums the cost model gives exactly (:class:`~simbatch.cost.StepRun`). An
+  arrival at this replica during the run cuts it at the end of the step in progress, which is exactly when a step-by-step engine would first see the
   arrival; the run goes on if the plan survives the arrival (``plan_survives_arrivals``).
 - **Running ahead.** A lone replica that nobody observes (no router, no delayed snapshots) is told
   when the next request arrives. A step or run that ends before then, and before the clock stop,
@@ -34,7 +34,8 @@ class FastForward(Protocol):
     """What a scheduler offers the accelerated engine (the lockstep and request-level schedulers do).
 
     Between scheduling events a plan repeats: the same requests decode, step after step, at the same
-    step time. These methods let the engine take such a run of steps in one go, with exactly the state
+    step time, or, when the cost reads the context, at one growing by the same amount each step
+    (:meth:`simbatch.cost.LinearCost.run`). These methods let the engine take such a run of steps in one go, with exactly the state
     that stepping one at a time would leave.
     """
 
