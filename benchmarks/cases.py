@@ -7,6 +7,14 @@ prompt token costs ~14 GFLOP, ~0.09 ms at half of an A100's peak. 8,192 blocks o
 
 Traffic looks like the public conversation traces: lognormal prompts (mean 1,155 tokens) and
 heavy-tailed lognormal outputs (mean 211, capped at 1,000), Poisson arrivals.
+
+B5 runs that traffic on a device whose step time grows with the context it reads: Llama-3-8B-like on
+one H100, numbers written out here (device presets are another issue's). The weights (~16 GB) stream
+in ~6 ms; the KV read, delta, is 0.042 ms per 1,000 tokens, and prefill attention, epsilon, 0.72 ms
+per million token pairs: least-squares fits to one layer's decode- and prefill-attention kernel times
+for its head layout (32 query, 8 KV heads of 128) on an H100, times 32 layers
+(``../shared/data/hardware/blis_h100_attention_*_kernels.csv``); ~0.03 ms a prompt token for the
+matmuls (16 GFLOP at ~60 % of 989 TFLOP/s).
 """
 
 from __future__ import annotations
@@ -16,9 +24,15 @@ from simbatch.config import Scenario
 STABLE_RATE = 4.0  # req/s: offered load ~0.7 by the stability check (see `describe`)
 
 
+A100_7B = {"tau0_ms": 8.0, "beta_ms": 0.3, "prefill_ms_per_token": 0.09}
+H100_LLAMA3_8B = {"tau0_ms": 6.0, "beta_ms": 0.02, "prefill_ms_per_token": 0.03,
+                  "kv_read_ms_per_1k_tokens": 0.042, "prefill_attention_ms_per_1m_pairs": 0.72}
+
+
 def conversation(num_requests: int, rate: float = STABLE_RATE, output_scale: float = 1.0,
-                 mode: str = "continuous", fast_forward: bool = True, prefix_caching: bool = False) -> Scenario:
-    """B1's traffic; ``prefix_caching``: a chat service on B1's device, rate and answers, with prefix
+                 mode: str = "continuous", fast_forward: bool = True, device: dict = A100_7B,
+                 prefix_caching: bool = False) -> Scenario:
+    """B1's traffic (on ``device``); ``prefix_caching``: a chat service on B1's device, rate and answers, with prefix
     caching: 256 conversations, each turn the conversation so far (a shared 1,024-token system prompt,
     earlier turns) and ~150 new tokens, up to 8,192 tokens; 1M tokens of KV cache (an 8B model on
     an 80 GB GPU), so that conversations stay cached between turns."""
@@ -36,7 +50,7 @@ def conversation(num_requests: int, rate: float = STABLE_RATE, output_scale: flo
                               "max": int(1000 * output_scale)},
             **chat,
         },
-        "device": {"tau0_ms": 8.0, "beta_ms": 0.3, "prefill_ms_per_token": 0.09},
+        "device": device,
         "kv_cache": {"block_size": 16, "num_blocks": 65536 if prefix_caching else 8192,
                      "enable_prefix_caching": prefix_caching},
         "batching": {"mode": mode, "max_num_seqs": 256, "max_num_batched_tokens": 2048,
@@ -58,6 +72,8 @@ CASES = {
            lambda: conversation(10_000, rate=STABLE_RATE * 5 / 0.70), None),
     "B4": ("B1 with every output length doubled (rate halved: the same decode load)",
            lambda: conversation(10_000, rate=STABLE_RATE / 2, output_scale=2.0), None),
-    "B6": ("B1's requests as multi-turn conversations, with prefix caching",
+    "B5": ("B1's workload on an H100, Llama-3-8B-like device whose steps read their KV context (delta, epsilon > 0)",
+           lambda: conversation(10_000, device=H100_LLAMA3_8B), None),
+    "B6": ("B1's device, rate and answers as a chat service: multi-turn conversations, with prefix caching",
            lambda: conversation(10_000, prefix_caching=True), None),
 }

@@ -82,7 +82,7 @@ def offered_load(name: str) -> float:
 
 
 def verdicts(r: dict) -> list[tuple[str, str, bool]]:
-    b1, b3, b4, b6 = r["B1"], r.get("B3"), r.get("B4"), r.get("B6")
+    b1, b3, b4, b5, b6 = r["B1"], r.get("B3"), r.get("B4"), r.get("B5"), r.get("B6")
     checks = [("B1 simulation <= 1 s", f"{b1['simulation_s']:.2f} s", b1["simulation_s"] <= 1.0),
               ("B1 including frames <= 2 s", f"{b1['total_s']:.2f} s", b1["total_s"] <= 2.0)]
     if "B2" in r:
@@ -106,6 +106,11 @@ def verdicts(r: dict) -> list[tuple[str, str, bool]]:
         ratio = statistics.median(ratios)
         checks.append(("B6 prefix caching, conversations: wall <= 2x", f"{ratio:.2f}x, rounds {ratios[0]:.2f}-"
                        f"{ratios[-1]:.2f}", ratio <= 2.0))
+    if b5:
+        ratios = paired_ratios(b5, b1)
+        ratio = statistics.median(ratios)
+        checks.append(("B5 context-aware steps: wall <= 1.5x B1", f"{ratio:.2f}x, rounds {ratios[0]:.2f}-{ratios[-1]:.2f}",
+                       ratio <= 1.5))
     for mode in ("static", "dynamic"):
         key = f"B1-{mode}"
         if key in r:
@@ -140,7 +145,7 @@ def write_report(results: dict, repeats: int, calibration: tuple[float, float]) 
             f"{r['preemptions']:,} | {r['peak_rss_mb']:.0f} |")
     lines += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
     lines += [f"| {t} | {m} | {'yes' if ok else '**no**'} |" for t, m, ok in verdicts(results)]
-    lines += ["", "B3 and B4 are compared with B1 round by round (each pair ran back to back): the median of "
+    lines += ["", "B3, B4 and B5 are compared with B1 round by round (each pair ran back to back): the median of "
               "the per-round ratios, and their range.",
               "", "*iterations* are engine steps represented (a run of identical steps counts each step); "
               "*rows* are rows of the iterations frame. *requests/s* is simulated requests per second of wall time. "

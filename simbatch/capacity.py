@@ -2,8 +2,9 @@
 
 Offered load against what a full batch delivers (:func:`stability`), for one replica or a fleet
 (:func:`fleet_stability`), with the full batch capped by the KV memory as well as the slots
-(:func:`mean_blocks_held`, :func:`memory_batch`); :func:`expected_stability` applies it to a
-scenario and the workload drawn from it. Nothing here imports the engine: the CLI's ``capacity``
+(:func:`mean_blocks_held`, :func:`memory_batch`), and each decode step charged for the context it
+reads (:func:`mean_context_tokens`); :func:`expected_stability` applies it to a scenario and the
+workload drawn from it. Nothing here imports the engine: the CLI's ``capacity``
 and ``inspect`` commands, the sweep's capacity search and the notebooks use it without simulating.
 """
 
@@ -16,7 +17,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from simbatch.config import Device, Scenario, replica_scenarios
-from simbatch.cost import decode_throughput, step_time_s
+from simbatch.cost import decode_throughput, step_time_s, work_s
 from simbatch.workload import WorkloadArrays
 from simbatch.workload.prefix import expected_cached_tokens
 
@@ -43,6 +44,21 @@ def mean_blocks_held(prompt_tokens: np.ndarray, output_tokens: np.ndarray, block
     return float((f(prompt + output - 1) - f(prompt - 1)).sum() / total_steps)
 
 
+def mean_context_tokens(prompt_tokens: np.ndarray, output_tokens: np.ndarray) -> float:
+    """c_bar, the cached context a decode step reads per sequence, on average over every decode step.
+
+    Request ``i`` reads ``P``, ``P + 1``, ... ``P + O - 1`` tokens over its ``O`` steps (the tokens it
+    holds, :func:`mean_blocks_held` without the block rounding), so c_bar = sum_i (O P + O (O - 1) / 2)
+    / sum_i O: weighted by output length, as a snapshot of the batch finds requests. KV tokens / c_bar
+    is the batch the memory holds, which :func:`memory_batch` counts in whole blocks.
+    """
+    prompt, output = np.asarray(prompt_tokens, dtype=np.float64), np.asarray(output_tokens, dtype=np.float64)
+    total_steps = output.sum()
+    if total_steps == 0:
+        return 0.0
+    return float((output * prompt + output * (output - 1) / 2).sum() / total_steps)
+
+
 def memory_batch(num_blocks: int, blocks_held: float) -> float:
     """The running requests the KV cache holds at once: num_blocks / mean blocks held per request."""
     return math.inf if blocks_held == 0 else num_blocks / blocks_held
@@ -53,7 +69,8 @@ class Stability:
     """The stability check: offered work against what the device can deliver at full batch.
 
     The full batch is the smaller of the slots (``max_num_seqs``) and the batch the KV memory holds
-    (:func:`memory_batch`); ``limited_by`` says which binds. With admission control (a waiting cap),
+    (:func:`memory_batch`); ``limited_by`` says which binds, or that neither does much: compute, when
+    most of a request's device time is work no batch shares. With admission control (a waiting cap),
     an overloaded server does not queue without bound: it turns away the excess, about ``1 - 1/rho``
     of arrivals (only ``capacity`` of every ``lambda`` requests/s can be served).
     """
@@ -74,6 +91,12 @@ class Stability:
     slots: float = 0  # max_num_seqs (a mixed fleet: the replicas' mean)
     memory_batch: float = math.inf  # num_blocks / mean blocks held per running request
     admission_control: bool = False  # max_waiting or max_in_flight: the excess is rejected, not queued
+    mean_context_tokens: float = 0.0  # c_bar: cached tokens a decode step reads per sequence
+    context_cost: bool = False  # the device charges the context read (delta > 0)
+    mean_prompt_sq_tokens: float = 0.0  # E[prompt^2]: a prompt of P tokens has P^2 / 2 attention pairs
+    # The share of a request's device time that the batch shares out: its output tokens' part of tau0,
+    # E[out] tau0 / B; the rest (beta, delta c_bar, prefill) is the same work whatever the batch.
+    shared_fraction: float = 1.0
 
     @property
     def stable(self) -> bool:
@@ -81,7 +104,11 @@ class Stability:
 
     @property
     def limited_by(self) -> str:
-        """Which limit sets the full batch: "slots" (max_num_seqs) or "memory" (the KV cache)."""
+        """Which limit binds: "compute" when most of a request's device time is work no batch
+        shares (a larger batch would not even double capacity), else what sets the full batch:
+        "slots" (max_num_seqs) or "memory" (the KV cache)."""
+        if self.shared_fraction < 0.5:
+            return "compute"
         return "memory" if self.memory_batch < self.slots else "slots"
 
     @property
@@ -98,7 +125,8 @@ class Stability:
 
     @property
     def verdict(self) -> str:
-        limit = " (KV memory limits the batch)" if self.limited_by == "memory" else ""
+        limit = {"memory": " (KV memory limits the batch)",
+                 "compute": " (compute binds: a larger batch would barely help)"}.get(self.limited_by, "")
         if self.stable:
             return f"stable (offered load {self.offered_load:.0%}){limit}"
         rho = self.offered_load
@@ -116,28 +144,34 @@ class Stability:
 
 def stability(device: Device, batch_size: int, arrival_rate: float, mean_output_tokens: float,
               mean_prompt_tokens: float = 0.0, replicas: int = 1, memory_batch: float = math.inf,
-              admission_control: bool = False) -> Stability:
+              admission_control: bool = False, mean_context_tokens: float = 0.0,
+              mean_prompt_sq_tokens: float | None = None) -> Stability:
     """Offered load against capacity for ``replicas`` engines of ``batch_size`` slots.
 
     The full batch is ``B = min(batch_size, memory_batch)`` (see :func:`memory_batch`). Each output
-    token occupies one slot of a full-batch step, tau(B)/B device-seconds; each prompt token costs
-    gamma on top. Offered load rho = lambda (E[out] tau(B)/B + gamma E[prompt]) / replicas. With
-    gamma = 0 and no memory limit this is the chapter's token-rate inequality lambda E[out] < B / tau(B).
+    token occupies one slot of a full-batch step whose sequences each read ``mean_context_tokens``
+    (c_bar, :func:`mean_context_tokens`), tau(B, K = B c_bar)/B device-seconds; each prompt costs its
+    prefill on top, gamma E[prompt] + epsilon E[prompt^2] / 2 (a prompt of P tokens has P^2 / 2
+    attention pairs however it is chunked; ``mean_prompt_sq_tokens`` defaults to E[prompt]^2). So a
+    request takes E[out] (tau0/B + beta + delta c_bar) + gamma E[prompt] + epsilon E[prompt^2] / 2,
+    and rho = lambda x that / replicas. With gamma = delta = epsilon = 0 and no memory limit this is
+    the chapter's token-rate inequality lambda E[out] < B / tau(B).
     """
     full = min(batch_size, memory_batch)
-    tau_full = step_time_s(device, full)
-    per_request_s = (math.inf if full == 0 else mean_output_tokens * tau_full / full) + \
-        device.prefill_s_per_token * mean_prompt_tokens
+    tau_full = step_time_s(device, full, 0, full * mean_context_tokens)
+    prompt_sq = mean_prompt_tokens ** 2 if mean_prompt_sq_tokens is None else mean_prompt_sq_tokens
+    prefill_s = work_s(device, prefill_tokens=mean_prompt_tokens, attention_pairs=prompt_sq / 2)
+    per_request_s = (math.inf if full == 0 else mean_output_tokens * tau_full / full) + prefill_s
     rho = arrival_rate * per_request_s / replicas
-    w_full = step_time_s(device, full, 0) * mean_output_tokens + \
-        device.prefill_s_per_token * mean_prompt_tokens
+    w_full = tau_full * mean_output_tokens + prefill_s
+    shared_s = math.inf if full == 0 else mean_output_tokens * device.tau0_s / full
     return Stability(
         arrival_rate=arrival_rate,
         mean_output_tokens=mean_output_tokens,
         mean_prompt_tokens=mean_prompt_tokens,
         batch_size=full,
         offered_tokens_per_s=arrival_rate * mean_output_tokens,
-        capacity_tokens_per_s=replicas * decode_throughput(device, full),
+        capacity_tokens_per_s=replicas * decode_throughput(device, full, mean_context_tokens),
         offered_load=rho,
         capacity_requests_per_s=math.inf if per_request_s == 0 else replicas / per_request_s,
         full_batch_latency_s=w_full,
@@ -146,12 +180,17 @@ def stability(device: Device, batch_size: int, arrival_rate: float, mean_output_
         slots=batch_size,
         memory_batch=memory_batch,
         admission_control=admission_control,
+        mean_context_tokens=mean_context_tokens,
+        context_cost=device.kv_read_ms_per_1k_tokens > 0,
+        mean_prompt_sq_tokens=prompt_sq,
+        shared_fraction=1.0 if per_request_s == 0 or math.isinf(shared_s) else shared_s / per_request_s,
     )
 
 
 def fleet_stability(replicas: Sequence[tuple[Device, int] | tuple[Device, int, float]], arrival_rate: float,
                     mean_output_tokens: float, mean_prompt_tokens: float = 0.0,
-                    admission_control: bool = False) -> Stability:
+                    admission_control: bool = False, mean_context_tokens: float = 0.0,
+                    mean_prompt_sq_tokens: float | None = None) -> Stability:
     """:func:`stability` for a fleet, one ``(device, slots[, memory_batch])`` per replica, alike or not.
 
     Capacities add: the fleet serves the sum of its replicas' requests/s, and its offered load is
@@ -163,10 +202,11 @@ def fleet_stability(replicas: Sequence[tuple[Device, int] | tuple[Device, int, f
     """
     specs = [(r[0], r[1], r[2] if len(r) > 2 else math.inf) for r in replicas]
     device, slots, mem = specs[0]
+    context = {"mean_context_tokens": mean_context_tokens, "mean_prompt_sq_tokens": mean_prompt_sq_tokens}
     if all(s == specs[0] for s in specs):
         return stability(device, slots, arrival_rate, mean_output_tokens, mean_prompt_tokens,
-                         replicas=len(specs), memory_batch=mem, admission_control=admission_control)
-    each = [stability(d, b, arrival_rate, mean_output_tokens, mean_prompt_tokens, memory_batch=m)
+                         replicas=len(specs), memory_batch=mem, admission_control=admission_control, **context)
+    each = [stability(d, b, arrival_rate, mean_output_tokens, mean_prompt_tokens, memory_batch=m, **context)
             for d, b, m in specs]
     capacity = sum(s.capacity_requests_per_s for s in each)
     share = [1 / len(each) if math.isinf(capacity) else s.capacity_requests_per_s / capacity for s in each]
@@ -183,6 +223,7 @@ def fleet_stability(replicas: Sequence[tuple[Device, int] | tuple[Device, int, f
         demanded_concurrency=arrival_rate * w_full,
         replicas=len(specs),
         admission_control=admission_control,
+        shared_fraction=sum(w * s.shared_fraction for w, s in zip(share, each, strict=True)),
     )
 
 
@@ -190,7 +231,8 @@ def expected_stability(scenario: Scenario, workload: WorkloadArrays) -> Stabilit
     """The stability check for this scenario's traffic, from the workload's own lengths.
 
     Each replica's full batch is capped by what its KV cache holds, from the mean blocks a running
-    request holds over its output (:func:`mean_blocks_held`). Closed-loop users have
+    request holds over its output (:func:`mean_blocks_held`); its decode steps read the mean context
+    (:func:`mean_context_tokens`) and its prefills cost by the mean square prompt. Closed-loop users have
     no arrival rate; the rate checked is the one they would send at the latency of a full batch W_B:
     concurrency / (W_B + think time). With prefix caching on every replica, the prefill charged is
     what a cache that never evicts would leave (:func:`~simbatch.workload.prefix.expected_cached_tokens`):
@@ -216,8 +258,13 @@ def expected_stability(scenario: Scenario, workload: WorkloadArrays) -> Stabilit
             specs[0].kv_cache.block_size)
     means = (float(workload.output_tokens.mean()) if len(workload) else 0.0,
              float(prefill_tokens.mean()) if len(workload) else 0.0)
+    # A prefill of c tokens after h cached ones attends c (h + c/2) pairs: (P^2 - h^2) / 2 in all.
+    prompt = workload.prompt_tokens.astype(np.float64)
+    cached = prompt - prefill_tokens
+    context = {"mean_context_tokens": mean_context_tokens(workload.prompt_tokens, workload.output_tokens),
+               "mean_prompt_sq_tokens": float((prompt * prompt - cached * cached).mean()) if len(workload) else 0.0}
     users = scenario.workload.closed_loop
     if users is not None:
-        w_full_s = fleet_stability(replicas, 1.0, *means).full_batch_latency_s
+        w_full_s = fleet_stability(replicas, 1.0, *means, **context).full_batch_latency_s
         rate = users.concurrency / (w_full_s + users.think_time_s)
-    return fleet_stability(replicas, rate, *means, admission_control=shed)
+    return fleet_stability(replicas, rate, *means, admission_control=shed, **context)

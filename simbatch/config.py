@@ -313,12 +313,25 @@ class Workload(_Model):
 
 
 # --------------------------------------------------------------------------- device, memory
+MAX_CONTEXT_COST_MS = 1e6
+"""The largest context cost per 1k tokens or 1M pairs, ms: a thousand seconds; above it, a typo."""
+
+
 class Device(_Model):
-    """The cost model: one engine step takes tau0 + beta * decoding_seqs + gamma * prefill_tokens."""
+    """The cost model (simbatch/cost.py): one engine step takes tau0 + beta * decoding_seqs +
+    gamma * prefill_tokens + delta * kv_tokens_read + epsilon * prefill_attention_pairs."""
 
     tau0_ms: NonNegFloat = Field(default=20.0, description="Fixed cost of a step (streaming the weights), ms.")
     beta_ms: NonNegFloat = Field(default=0.2, description="Marginal cost per decoding sequence, ms.")
     prefill_ms_per_token: NonNegFloat = Field(default=0.0, description="Cost per prefill token, ms.")
+    kv_read_ms_per_1k_tokens: NonNegFloat = Field(
+        default=0.0, le=MAX_CONTEXT_COST_MS,
+        description="delta: cost of reading 1,000 cached KV tokens (every scheduled request reads its "
+        "whole context each step), ms; 0 makes step time independent of context.")
+    prefill_attention_ms_per_1m_pairs: NonNegFloat = Field(
+        default=0.0, le=MAX_CONTEXT_COST_MS,
+        description="epsilon: prefill attention compute per 1,000,000 (query, key) token pairs, ms; a "
+        "chunk of c tokens after k cached has c * (k + c / 2) pairs.")
 
     # The model runs in seconds: the settings in s, converted here and nowhere else (see ``seconds``).
     @property

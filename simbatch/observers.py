@@ -7,7 +7,8 @@ frames and the summary, is the first observer of every run (:mod:`simbatch.metri
 another is for what the frames do not keep: a trace of which requests rode in which step, a live view.
 
 Steps come as *runs*: ``steps(..., count, plan, done)`` is ``count`` identical consecutive steps of
-one replica, each ``step_s`` long, whose membership is ``plan.scheduled`` (every (request, tokens) of
+one replica, ``step_s`` long on average (each, unless the step time grows with the context read:
+``device.kv_read_ms_per_1k_tokens``), whose membership is ``plan.scheduled`` (every (request, tokens) of
 each step: prefill chunks, and decodes of one token). The reference engine (``sim.fast_forward:
 false``) reports every step alone; the accelerated one may report a run of identical steps at once,
 and cut one run into several reports: the steps, tokens and memberships add up to the same.

@@ -119,9 +119,13 @@ def stability_block(st: Stability) -> str:
     if st.limited_by == "memory":
         lines.append(_row("Batch KV memory holds (slots):", f"{st.memory_batch:,.1f} (of {_batch(st.slots)}): "
                                                             "memory binds"))
+    if st.context_cost:
+        lines.append(_row("Mean context per decode step (tokens):", st.mean_context_tokens, 0))
     lines += [_row(f"Capacity {per}B/τ(B) at B = {_batch(st.batch_size)} (tok/s):", st.capacity_tokens_per_s),
               _row("Offered load ρ (demand / capacity):", st.offered_load),
               _row("Replicas the traffic needs (ρ < 1):", st.replicas_needed),
+              _row("Limit that binds:", {"slots": "slots (max_num_seqs)", "memory": "KV memory",
+                                         "compute": "compute (work no batch shares)"}[st.limited_by]),
               f"Verdict: {st.verdict}",
               _title("Concurrency (Little's law)"),
               # Not "unloaded": every step is charged at the full batch, the latency when the slots
@@ -260,23 +264,29 @@ def compare_table(results: Mapping) -> str:
     return "\n".join(lines)
 
 
-def capacity_table(device: Device, max_num_seqs: int, replicas: int = 1) -> str:
-    """The analytic throughput curve B / τ(B) at B = 1, 2, 4, ... and at max_num_seqs."""
-    roofline = roofline_tokens_per_s(device)
+def capacity_table(device: Device, max_num_seqs: int, replicas: int = 1, context_tokens: float = 0.0) -> str:
+    """The analytic throughput curve B / τ(B) at B = 1, 2, 4, ... and at max_num_seqs, each sequence
+    reading ``context_tokens`` of cached context (which costs only with device.kv_read_ms_per_1k_tokens)."""
+    roofline = roofline_tokens_per_s(device, context_tokens)
     sizes = sorted({*(2**k for k in range(max_num_seqs.bit_length()) if 2**k < max_num_seqs), max_num_seqs})
     per = " per replica" if replicas > 1 else ""
+    if device.kv_read_ms_per_1k_tokens:
+        formula = (f"Step time τ(B) = {device.tau0_ms:g} + ({device.beta_ms:g} + {device.kv_read_ms_per_1k_tokens:g}"
+                   f"·{context_tokens / 1e3:,.3g}k)·B ms at a context of {context_tokens:,.0f} tokens; roofline 1/(β + δ·c̄) = ")
+    else:
+        formula = f"Step time τ(B) = {device.tau0_ms:g} + {device.beta_ms:g}·B ms; roofline 1/β = "
     lines = [_title("Capacity (analytic)", "="),
-             f"Step time τ(B) = {device.tau0_ms:g} + {device.beta_ms:g}·B ms; roofline 1/β = "
-             f"{_fmt(roofline, 0)} tok/s{per}",
+             f"{formula}{_fmt(roofline, 0)} tok/s{per}",
              f"{'B':>8}{'τ(B) (ms)':>12}{'tokens/s' + per:>{14 + len(per)}}{'% of roofline':>16}"]
     for b in sizes:
-        tps = decode_throughput(device, b)
+        tps = decode_throughput(device, b, context_tokens)
         share = "n/a" if math.isinf(roofline) else f"{100 * tps / roofline:.1f} %"
-        lines.append(f"{b:>8}{LinearCost.of(device).step_ms(b):>12.2f}{tps:>{14 + len(per)},.2f}{share:>16}")
+        lines.append(f"{b:>8}{LinearCost.of(device).step_ms(b, 0, 0, b * context_tokens):>12.2f}"
+                     f"{tps:>{14 + len(per)},.2f}{share:>16}")
     if replicas > 1:
         lines.append(f"With {replicas} replicas at B = {max_num_seqs}: "
-                     f"{_fmt(replicas * decode_throughput(device, max_num_seqs))} tok/s in all")
-    half = batch_for_fraction(device, 0.5)
+                     f"{_fmt(replicas * decode_throughput(device, max_num_seqs, context_tokens))} tok/s in all")
+    half = batch_for_fraction(device, 0.5, context_tokens)
     if math.isinf(half):
         lines.append("Batch size for 50 % of the roofline: none (β = 0: throughput grows without bound)")
     else:

@@ -82,7 +82,10 @@ def scenarios(draw) -> dict:
             "num_sessions": draw(st.integers(1, 12)) if prefix and prefix["multi_turn"] else None,
         },
         "device": {"tau0_ms": draw(st.floats(1, 30)), "beta_ms": draw(st.floats(0, 1)),
-                   "prefill_ms_per_token": draw(st.floats(0, 0.1))},
+                   "prefill_ms_per_token": draw(st.floats(0, 0.1)),
+                   # Half the examples read their context: runs of decodes then grow step by step.
+                   "kv_read_ms_per_1k_tokens": draw(st.one_of(st.just(0.0), st.floats(0, 2))),
+                   "prefill_attention_ms_per_1m_pairs": draw(st.one_of(st.just(0.0), st.floats(0, 20)))},
         "kv_cache": {"block_size": draw(st.sampled_from([1, 4, 16])), "num_blocks": draw(st.integers(40, 3000)),
                      "swap_blocks": draw(st.integers(0, 400)), "swap_ms_per_block": draw(st.floats(0, 0.5)),
                      "enable_prefix_caching": caching},
@@ -139,7 +142,8 @@ def tie_scenarios(draw, trace_dir) -> dict:
     """A scenario where arrivals, step ends and the clock stop fall on the same instants.
 
     Steps last multiples of 1/64 s (tau0 a multiple of 1/8 s; beta 0 or 1/64 s; gamma 0 or 1/8 ms per
-    token), arrivals come at constant gaps of 1/8 s to 2 s, all at t = 0, or at integer seconds from a
+    token; delta 0 or 1/64 s per cached token read; epsilon 0 or 1/8 ms per attention pair), or, with
+    delta at half a nanosecond per token, steps whose context time rounds half up, arrivals come at constant gaps of 1/8 s to 2 s, all at t = 0, or at integer seconds from a
     trace with repeated timestamps (simultaneous arrivals), and the clock stops at a multiple of 1/8 s.
     """
     scenario = draw(scenarios())
@@ -164,7 +168,9 @@ def tie_scenarios(draw, trace_dir) -> dict:
         **scenario,
         "workload": workload,
         "device": {"tau0_ms": 125.0 * draw(st.integers(1, 8)), "beta_ms": draw(st.sampled_from([0.0, 15.625])),
-                   "prefill_ms_per_token": draw(st.sampled_from([0.0, 0.125]))},
+                   "prefill_ms_per_token": draw(st.sampled_from([0.0, 0.125])),
+                   "kv_read_ms_per_1k_tokens": draw(st.sampled_from([0.0, 0.0005, 15_625.0])),
+                   "prefill_attention_ms_per_1m_pairs": draw(st.sampled_from([0.0, 125_000.0]))},
         "kv_cache": {**scenario["kv_cache"], "swap_ms_per_block": draw(st.sampled_from([0.0, 0.125]))},
         "batching": {**scenario["batching"],
                      "max_wait_ms": draw(st.one_of(st.none(), st.sampled_from([125.0, 1000.0]))),
@@ -302,7 +308,7 @@ def test_the_scenario_library_runs_alike_on_both_engines(path):
     assert_same_run(scenario)
 
 
-@pytest.mark.parametrize("name", ["B1", "B3", "B4"])
+@pytest.mark.parametrize("name", ["B1", "B3", "B4", "B5"])
 def test_the_benchmark_workloads_run_alike_on_both_engines(name):
     from benchmarks.cases import CASES  # the benchmarks' own scenarios, at a test's size
 

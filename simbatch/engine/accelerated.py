@@ -5,8 +5,10 @@ bit for bit, on scenarios full of exact ties):
 
 - **Runs of identical steps** (fast-forward). When the scheduler says a plan repeats ``k`` times if
   nothing arrives (``BaseScheduler.repeatable_steps``: lockstep decodes until the next completion or
-  block shortage), the run is one timeout. An arrival at this replica during the run cuts it at the
-  end of the step in progress, which is exactly when a step-by-step engine would first see the
+  block shortage), the run is one timeout. The repeats do the same work, but with a context-aware
+  cost each reads one more token per decode slot than the last, so their durations form a
+  progression whose sums the cost model gives exactly (:class:`~simbatch.cost.StepRun`). An
+  arrival at this replica during the run cuts it at the end of the step in progress, which is exactly when a step-by-step engine would first see the
   arrival; the run goes on if the plan survives the arrival (``plan_survives_arrivals``).
 - **Running ahead.** A lone replica that nobody observes (no router, no delayed snapshots) is told
   when the next request arrives. A step or run that ends before then, and before the clock stop,
@@ -21,6 +23,7 @@ import math
 from typing import Protocol
 
 from simbatch.clock import NS_PER_S, Late
+from simbatch.cost import StepRun
 from simbatch.engine.replica import Replica
 from simbatch.metrics.recorder import replaced
 from simbatch.schedulers import StepPlan
@@ -31,7 +34,8 @@ class FastForward(Protocol):
     """What a scheduler offers the accelerated engine (the lockstep and request-level schedulers do).
 
     Between scheduling events a plan repeats: the same requests decode, step after step, at the same
-    step time. These methods let the engine take such a run of steps in one go, with exactly the state
+    step time, or, when the cost reads the context, at one growing by the same amount each step
+    (:meth:`simbatch.cost.LinearCost.run`). These methods let the engine take such a run of steps in one go, with exactly the state
     that stepping one at a time would leave.
     """
 
@@ -51,23 +55,14 @@ class FastForward(Protocol):
         """Sum over the first ``n`` steps of the run planned last of the blocks in use."""
 
 
-def steps_to_reach(start_ns: int, step_ns: int, t_ns: int) -> int:
-    """Of steps of ``step_ns`` from ``start_ns``, the number of the one in progress at ``t_ns``.
-
-    A step is in progress from its start (excluded) to its end (included): at the instant a step
-    ends, that step is still the one in progress (the tie rule of :mod:`simbatch.clock`).
-    """
-    return max(1, -(-(t_ns - start_ns) // step_ns))
-
-
 class AcceleratedReplica(Replica):
     """A :class:`~simbatch.engine.replica.Replica` that takes runs of steps in one go and may run ahead."""
 
     scheduler: FastForward
 
     def __init__(self, *args, **kwargs):
-        self._run_start_ns = 0  # the run of steps in progress: start and step time
-        self._run_step_ns = 0
+        self._run_start_ns = 0  # the part of a run of steps in progress: its start, its durations
+        self._run_durations: StepRun | None = None  # and the repeats of its plan done before it
         self._run_offset = 0
         self._run_ctx: tuple | None = None  # what a run of steps in progress needs to be applied early
         # With ``knows_arrivals`` (every request comes here), the arrival process keeps this at the
@@ -84,8 +79,8 @@ class AcceleratedReplica(Replica):
     @property
     def kv_blocks_used(self) -> int:
         """Blocks in use now; inside a run of steps, as of the step in progress."""
-        if self._run_step_ns > 0:
-            i = steps_to_reach(self._run_start_ns, self._run_step_ns, self.env.now)
+        if self._run_durations is not None:
+            i = self._run_durations.reach(self._run_offset, self.env.now - self._run_start_ns)
             return self.scheduler.kv_blocks_during(self._run_offset + i)
         return self.scheduler.kv_blocks_used
 
@@ -93,7 +88,7 @@ class AcceleratedReplica(Replica):
         env, sched, rec, index = self.env, self.scheduler, self.recorder, self.index
         # Bound once: this loop runs a few times per request.
         schedule, repeatable_steps, record = sched.schedule, sched.repeatable_steps, rec.record_steps
-        step_duration_ns, planned = self.step_duration_ns, self._planned
+        step_duration_ns, planned, cost_run = self.step_duration_ns, self._planned, self.cost.run
         run_ahead, stop_at = self.run_ahead, self.stop_at_ns  # set by the cluster before the run starts
         contiguous, now = False, env.now  # now: this replica's clock, ahead of env.now when running ahead
         late = self.plans_after_sends  # a client: plan after the sends of this instant (no running ahead)
@@ -108,40 +103,41 @@ class AcceleratedReplica(Replica):
                 contiguous, now = False, env.now
                 continue
             duration = step_duration_ns(plan)
-            shape = planned(plan, now_s, duration)
+            shape = planned(plan, now_s)
             k = repeatable_steps(plan, self.step)
             if k == 1:
                 kv_sum = sched.kv_blocks_sum(1)
                 end = now + duration
                 if not run_ahead or end >= self.next_arrival_ns or end >= stop_at:
-                    self._step_ctx = (now, shape, kv_sum, contiguous, plan)
+                    self._step_ctx = (now, duration, shape, kv_sum, contiguous, plan)
                     yield env.timeout(end - env.now)  # SimPy's clock catches up with the replica's
                     self._step_ctx = None
                 outcome = sched.finish_step(plan, end / NS_PER_S, self.step)
                 if outcome.itl_tokens != plan.decode_seqs:  # a token after a pause, or a first token
                     shape = replaced(shape, "itl_tokens", outcome.itl_tokens)
-                record(index, now_s, 1, shape, kv_sum, contiguous)
+                record(index, now_s, 1, shape, kv_sum, contiguous, duration)
                 if observed:
-                    self._observed(now_s, shape.duration_s, 1, plan)
+                    self._observed(now_s, duration / NS_PER_S, 1, plan)
                 n = 1
             else:
+                run = cost_run(plan)
                 n, start = 0, now  # steps of this plan done so far; start of the part in progress
                 while n < k:
                     self._run_ctx = (plan, shape, contiguous)
-                    self._run_start_ns, self._run_step_ns, self._run_offset = start, duration, n
+                    self._run_start_ns, self._run_durations, self._run_offset = start, run, n
                     if self.knows_arrivals:
-                        m = self._steps_before_arrival(start, duration, k - n)
-                        end = start + m * duration
+                        m = self._steps_before_arrival(start, run, n, k - n)
+                        end = start + run.ns(n, m)
                         if not run_ahead or end >= self.next_arrival_ns or end >= stop_at:
                             yield env.timeout(end - env.now)
                     else:
-                        m = yield from self._run_of_steps(start, duration, k - n)
-                        end = start + m * duration
-                    self._run_step_ns = 0
+                        m = yield from self._run_of_steps(start, run, n, k - n)
+                        end = start + run.ns(n, m)
+                    self._run_durations = None
                     kv_sum = sched.kv_blocks_sum(n + m) - sched.kv_blocks_sum(n) if n else sched.kv_blocks_sum(m)
-                    record(index, start / NS_PER_S, m, shape, kv_sum, contiguous)
+                    record(index, start / NS_PER_S, m, shape, kv_sum, contiguous, end - start)
                     if observed:
-                        self._observed(start / NS_PER_S, shape.duration_s, m, plan)
+                        self._observed(start / NS_PER_S, (end - start) / m / NS_PER_S, m, plan)
                     n, start, contiguous = n + m, end, True
                     if n == k:
                         break  # the run is over: nothing cut it, or an arrival in its last step
@@ -166,44 +162,49 @@ class AcceleratedReplica(Replica):
         sched, rec = self.scheduler, self.recorder
         if self._run_ctx is not None:
             plan, shape, contiguous = self._run_ctx
-            start, done, duration = self._run_start_ns, self._run_offset, self._run_step_ns
-            m = steps_to_reach(start, duration, at_ns) - 1  # steps of this part that ended before the stop
+            start, done, run = self._run_start_ns, self._run_offset, self._run_durations
+            m = run.reach(done, at_ns - start) - 1  # steps of this part that ended before the stop
+            busy = run.ns(done, m)
             if m > 0:
                 rec.record_steps(self.index, start / NS_PER_S, m, shape,
-                          sched.kv_blocks_sum(done + m) - sched.kv_blocks_sum(done), contiguous)
-                self._observed(start / NS_PER_S, shape.duration_s, m, plan)
-            last_start_s = (start + m * duration) / NS_PER_S
+                                 sched.kv_blocks_sum(done + m) - sched.kv_blocks_sum(done), contiguous, busy)
+                self._observed(start / NS_PER_S, busy / m / NS_PER_S, m, plan)
+            last_start_s, last_ns = (start + busy) / NS_PER_S, run.ns(done + m, 1)
             rec.record_steps(self.index, last_start_s, 1, replaced(shape, "itl_tokens", 0),
-                      sched.kv_blocks_sum(done + m + 1) - sched.kv_blocks_sum(done + m), m > 0 or contiguous)
-            self._observed(last_start_s, shape.duration_s, 1, plan, done=False)
+                             sched.kv_blocks_sum(done + m + 1) - sched.kv_blocks_sum(done + m), m > 0 or contiguous,
+                             last_ns)
+            self._observed(last_start_s, last_ns / NS_PER_S, 1, plan, done=False)
             if done + m > 0:
                 sched.finish_steps(plan, done + m, last_start_s, self.step)
                 self.step += done + m
             self._run_ctx = None
         super().stop(at_ns)
 
-    def _steps_before_arrival(self, start_ns: int, step_ns: int, k: int) -> int:
-        """Of up to ``k`` steps from ``start_ns``, how many run before the next arrival here is seen.
+    def _steps_before_arrival(self, start_ns: int, run: StepRun, i0: int, k: int) -> int:
+        """Of up to ``k`` repeats from the ``i0``-th of ``run``, starting at ``start_ns``, how many run
+        before the next arrival here is seen.
 
         The step in progress when it arrives is the last one (an arrival at the instant a step ends is
         seen right after that step); fewer than ``k`` means the arrival cut the run short.
         """
         t_next = self.next_arrival_ns
-        return steps_to_reach(start_ns, step_ns, t_next) if t_next < start_ns + k * step_ns else k
+        return run.reach(i0, t_next - start_ns) if t_next < start_ns + run.ns(i0, k) else k
 
-    def _run_of_steps(self, start_ns: int, step_ns: int, k: int):
-        """Hold the GPU for up to ``k`` steps, or until an arrival is seen (woken by ``submit``).
+    def _run_of_steps(self, start_ns: int, run: StepRun, i0: int, k: int):
+        """Hold the GPU for up to ``k`` repeats from the ``i0``-th of ``run``, or until an arrival is
+        seen (woken by ``submit``).
 
         Returns the steps done (fewer than ``k`` when an arrival cut the run short).
         """
         env = self.env
         self._wake = env.event()
-        yield self._wake | env.timeout(k * step_ns)
+        total = run.ns(i0, k)
+        yield self._wake | env.timeout(total)
         n = k
-        if self._wake.triggered and env.now < start_ns + k * step_ns:
+        if self._wake.triggered and env.now < start_ns + total:
             # An arrival during step n: finish that step; the scheduler sees the arrival after it.
-            n = steps_to_reach(start_ns, step_ns, env.now)
-            end_ns = start_ns + n * step_ns
+            n = run.reach(i0, env.now - start_ns)
+            end_ns = start_ns + run.ns(i0, n)
             self._wake = None
             if end_ns > env.now:
                 yield env.timeout(end_ns - env.now)

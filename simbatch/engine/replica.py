@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import simpy
 
-from simbatch.clock import NS_PER_S, Late, ceil_ns, step_ns
+from simbatch.clock import NS_PER_S, Late, ceil_ns
 from simbatch.config import Scenario
 from simbatch.cost import LinearCost
 from simbatch.metrics.recorder import Recorder, StepShape, replaced
@@ -88,7 +88,7 @@ class Replica:
     # ---------------------------------------------------------------- the loop
     def step_duration_ns(self, plan: StepPlan) -> int:
         """The cost model's duration of the plan, on the clock's grid."""
-        return step_ns(self.cost.plan_ms(plan))
+        return self.cost.plan_ns(plan)
 
     def _sleep(self, answer: SleepUntil | Idle):
         """Wait for an arrival, or until the scheduler's timer falls due."""
@@ -98,7 +98,7 @@ class Replica:
             (self._wake | self.env.timeout(max(1, ceil_ns(answer.time_s) - self.env.now)))
         self._wake = None
 
-    def _planned(self, plan: StepPlan, now_s: float, duration_ns: int) -> StepShape:
+    def _planned(self, plan: StepPlan, now_s: float) -> StepShape:
         """What every step does once planned: check, count the waiting change, and shape its row."""
         sched = self.scheduler
         if self.check:
@@ -106,7 +106,7 @@ class Replica:
         if plan.num_preempted or plan.num_admitted:
             self.recorder.waiting_change(now_s, plan.num_preempted - plan.num_admitted)
         # itl_tokens: every decode is one step after its previous token, until finish_step says otherwise.
-        return StepShape(duration_ns / NS_PER_S, len(sched.running), len(sched.waiting), plan.batch_size,
+        return StepShape(len(sched.running), len(sched.waiting), plan.batch_size,
                          plan.decode_seqs, plan.prefill_tokens, plan.padded_tokens, plan.decode_seqs,
                          plan.num_preempted, plan.swap_blocks)
 
@@ -135,9 +135,9 @@ class Replica:
                 contiguous = False
                 continue
             duration = self.step_duration_ns(plan)
-            shape = self._planned(plan, now_s, duration)
+            shape = self._planned(plan, now_s)
             kv_blocks = sched.kv_blocks_used
-            self._step_ctx = (now, shape, kv_blocks, contiguous, plan)
+            self._step_ctx = (now, duration, shape, kv_blocks, contiguous, plan)
             yield env.timeout(duration)
             self._step_ctx = None
             end_s = env.now / NS_PER_S
@@ -145,9 +145,9 @@ class Replica:
             self.step += 1
             if outcome.itl_tokens != plan.decode_seqs:  # a token after a pause, or a first token
                 shape = replaced(shape, "itl_tokens", outcome.itl_tokens)
-            rec.record_steps(self.index, now_s, 1, shape, kv_blocks, contiguous)
+            rec.record_steps(self.index, now_s, 1, shape, kv_blocks, contiguous, duration)
             if self.step_observers:
-                self._observed(now_s, shape.duration_s, 1, plan)
+                self._observed(now_s, duration / NS_PER_S, 1, plan)
             self._finished(outcome, end_s)
             contiguous = True
 
@@ -159,7 +159,8 @@ class Replica:
         at the stop.
         """
         if self._step_ctx is not None:
-            start, shape, kv_blocks, contiguous, plan = self._step_ctx
-            self.recorder.record_steps(self.index, start / NS_PER_S, 1, replaced(shape, "itl_tokens", 0), kv_blocks, contiguous)
-            self._observed(start / NS_PER_S, shape.duration_s, 1, plan, done=False)
+            start, duration, shape, kv_blocks, contiguous, plan = self._step_ctx
+            self.recorder.record_steps(self.index, start / NS_PER_S, 1, replaced(shape, "itl_tokens", 0), kv_blocks,
+                                       contiguous, duration)
+            self._observed(start / NS_PER_S, duration / NS_PER_S, 1, plan, done=False)
             self._step_ctx = None

@@ -8,9 +8,11 @@ rejections, completions), and the engine hands it two things only it keeps: each
   simulator's own state changes (arrival, admission, preemption, completion), never rebuilt from the
   request rows. L = (1/T) integral of N(t) dt can then be checked against lambda W computed from the
   rows: Little's law as an independent test of the bookkeeping.
-- **Iteration runs.** Consecutive steps of one replica with the same shape (same duration, pools,
-  batch and token counts) and no idle time between them are one row with a count. Stepping one
-  iteration at a time and advancing over a run in one go therefore record the same rows.
+- **Iteration runs.** Consecutive steps of one replica with the same shape (same pools, batch and
+  token counts) and no idle time between them are one row with a count and their total duration in
+  whole nanoseconds. Stepping one iteration at a time and advancing over a run in one go therefore
+  record the same rows. The row's ``duration_s`` is its steps' mean: they last alike unless the step
+  time grows with the context read (``device.kv_read_ms_per_1k_tokens``).
 - **Per-request outcomes**, in flat arrays indexed by request id, so a million requests cost no
   million objects once they are done.
 """
@@ -22,6 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from simbatch.clock import NS_PER_S
 from simbatch.observers import Observer
 from simbatch.request import Outcome, Request
 
@@ -29,11 +32,10 @@ _UNFINISHED, _FINISHED, _REJECTED = (int(o) for o in Outcome)  # plain ints for 
 
 # Columns of the iterations frame, in order. Shape columns decide whether two steps are one run.
 class StepShape(NamedTuple):
-    """What a step is, all but when and where: consecutive steps of one replica with equal shapes are
-    one run, one row of the iterations frame (whose columns these are, with replica, start_s,
-    num_steps and the KV blocks)."""
+    """What a step is, all but when, where and how long: consecutive steps of one replica with equal
+    shapes are one run, one row of the iterations frame (whose columns these are, with replica,
+    start_s, num_steps, duration_s and the KV blocks)."""
 
-    duration_s: float
     num_running: int  # after planning: vllm:num_requests_running
     num_waiting: int  # after planning: vllm:num_requests_waiting
     batch_size: int  # requests computing in the step
@@ -53,7 +55,7 @@ def replaced(shape: StepShape, field: str, value: int) -> StepShape:
     """``shape._replace(field=value)``, several times faster (the engine does it per request)."""
     i = _INDEX[field]
     return tuple.__new__(StepShape, (*shape[:i], value, *shape[i + 1:]))
-RUN_COLUMNS = ("replica", "start_s", "num_steps", *SHAPE_COLUMNS, "kv_blocks_sum")
+RUN_COLUMNS = ("replica", "start_s", "num_steps", "duration_s", *SHAPE_COLUMNS, "kv_blocks_sum")
 FLOAT_COLUMNS = frozenset({"start_s", "duration_s"})
 # Sums over a run's steps can pass 2**31; every other count fits in 32 bits (a step's tokens, a pool).
 WIDE_COLUMNS = frozenset({"num_steps", "kv_blocks_sum"})
@@ -61,17 +63,20 @@ _PACK_ROWS = 65_536  # closed runs kept as tuples until this many, then packed i
 
 
 class _OpenRun:
-    """The run of identical steps a replica is in, still growing."""
+    """The run of steps of one shape a replica is in, still growing."""
 
-    __slots__ = ("replica", "start_s", "num_steps", "shape", "kv_blocks_sum")
+    __slots__ = ("replica", "start_s", "num_steps", "shape", "kv_blocks_sum", "busy_ns")
 
-    def __init__(self, replica: int, start_s: float, num_steps: int, shape: StepShape, kv_blocks_sum: int):
+    def __init__(self, replica: int, start_s: float, num_steps: int, shape: StepShape, kv_blocks_sum: int,
+                 busy_ns: int):
         self.replica, self.start_s, self.num_steps = replica, start_s, num_steps
-        self.shape, self.kv_blocks_sum = shape, kv_blocks_sum
+        self.shape, self.kv_blocks_sum, self.busy_ns = shape, kv_blocks_sum, busy_ns
 
     def row(self) -> tuple:
-        """The run as a row of the iterations frame, in ``RUN_COLUMNS`` order."""
-        return (self.replica, self.start_s, self.num_steps, *self.shape, self.kv_blocks_sum)
+        """The run as a row of the iterations frame, in ``RUN_COLUMNS`` order; ``duration_s`` is the
+        mean of its steps' durations (exact when they are equal: ``busy_ns`` is a multiple of the count)."""
+        return (self.replica, self.start_s, self.num_steps, self.busy_ns / self.num_steps / NS_PER_S, *self.shape,
+                self.kv_blocks_sum)
 
 
 class Recorder(Observer):
@@ -171,16 +176,18 @@ class Recorder(Observer):
 
     # ---------------------------------------------------------------- iteration runs
     def record_steps(self, replica: int, start_s: float, count: int, shape: StepShape, kv_blocks_sum: int,
-                     contiguous: bool) -> None:
-        """Record ``count`` identical consecutive steps; ``contiguous``: no idle time since the last."""
+                     contiguous: bool, busy_ns: int) -> None:
+        """Record ``count`` consecutive steps of one shape, ``busy_ns`` long in all; ``contiguous``: no
+        idle time since the last."""
         run = self._open[replica]
         if run is not None:
             if contiguous and run.shape == shape:
                 run.num_steps += count
                 run.kv_blocks_sum += kv_blocks_sum
+                run.busy_ns += busy_ns
                 return
             self._close_run(run)
-        self._open[replica] = _OpenRun(replica, start_s, count, shape, kv_blocks_sum)
+        self._open[replica] = _OpenRun(replica, start_s, count, shape, kv_blocks_sum, busy_ns)
 
     def _close_run(self, run: _OpenRun) -> None:
         self._rows.append(run.row())

@@ -16,15 +16,19 @@ Per request (the ``requests`` frame; times in seconds from the start of the run)
   0 otherwise). ``arrival_s`` is when the server received it, the send, so TTFT and E2E count from
   the send as ``vllm bench serve`` measures them; the intended arrival is arrival_s - client_wait_s.
 
-Per engine step (the ``iterations`` frame): one row per run of identical consecutive steps. When
-``sim.max_time_s`` stops the clock mid-step, that step is a last row with ``itl_tokens`` 0: it began
-(its admissions and preemptions happened) but its tokens never came.
+Per engine step (the ``iterations`` frame): one row per run of consecutive steps of one shape (the
+same pools, batch and token counts), ``duration_s`` their mean duration. Such steps last alike unless
+the step time grows with the context they read (``device.kv_read_ms_per_1k_tokens``); then each
+step of a run of decodes lasts a little longer than the last. When ``sim.max_time_s`` stops the
+clock mid-step, that step is a last row with ``itl_tokens`` 0: it began (its admissions and
+preemptions happened) but its tokens never came.
 
 Per token: ``itl`` (inter-token latency) is the gap between two consecutive tokens of one request,
 over every token after a request's first. A decoding request emits a token every step, so most
-gaps equal one step's duration; gaps across a preemption or a stall are recorded one by one
-(``stall_gaps``: a result folder keeps them in ``stall_gaps.csv``, so that its ITL percentiles can be
-recomputed from its files alone).
+gaps equal one step's duration (a row's mean, for the ITL percentiles: with a context-aware cost
+they smooth the slow growth of the steps within a row; the mean ITL is exact); gaps across a
+preemption or a stall are recorded one by one (``stall_gaps``: a result folder keeps them in
+``stall_gaps.csv``, so that its ITL percentiles can be recomputed from its files alone).
 
 The summary uses ``vllm bench serve``'s key names:
 

@@ -38,6 +38,11 @@ class StepPlan:
     prefill_tokens: int = 0  # prompt / recompute tokens (costed at gamma)
     padded_decode_seqs: int = 0  # idle slots still computed (static batching)
     padded_prefill_tokens: int = 0  # pad tokens of a padded prefill (static batching)
+    # The context the step reads (costed at delta): every scheduled request's cached tokens, padded
+    # slots included; and 2A, twice its prefill attention pairs (costed at epsilon), sum c (2k + c)
+    # over chunks of c tokens after k cached. Doubled so that it is an integer.
+    kv_tokens: int = 0
+    attention_pairs_x2: int = 0
     num_admitted: int = 0  # requests that left WAITING for this step
     num_preempted: int = 0  # requests sent back to WAITING while planning this step
     swap_blocks: int = 0  # blocks moved between device and host while planning this step

@@ -96,8 +96,11 @@ class ContinuousScheduler(BaseScheduler):
         if sched:
             plan.slices = list(sched.items())
             for req, n in plan.slices:
+                k = req.num_computed_tokens  # the cached context this slice reads
+                plan.kv_tokens += k
                 if req.prefill_pending:
                     plan.prefill_tokens += n
+                    plan.attention_pairs_x2 += n * (2 * k + n)
                 else:
                     plan.decode_seqs += 1
         return plan

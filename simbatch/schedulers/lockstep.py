@@ -39,6 +39,9 @@ class LockstepScheduler(ContinuousScheduler):
         self._waiting_at_plan = 0
         # The lockstep group (module docstring).
         self._group: dict[Request, int] = {}  # member -> the clock when it joined
+        # Sum over members of (computed tokens - clock) at joining: the group's cached context at
+        # clock t is this plus len(group) * t, since each member computes one token a step.
+        self._group_context = 0
         self._group_reserved = False  # the group holds its blocks for the step being planned
         # The members' blocks taken in bulk, held for them until each leaves with its own share.
         self._group_block_ids: list[int] = []
@@ -73,6 +76,7 @@ class LockstepScheduler(ContinuousScheduler):
         if self._group_reserved and self._group:
             plan.group = tuple(self._group)
             plan.decode_seqs = len(self._group)
+            plan.kv_tokens = self._group_context + len(self._group) * self.clock
             return True
         return False
 
@@ -145,6 +149,7 @@ class LockstepScheduler(ContinuousScheduler):
         self._phase[p + bs] += 1
         self._phase_members[p][req] = None
         heapq.heappush(self._done, (self.clock + req.output_tokens - req.num_generated, req.request_id, req))
+        self._group_context += req.num_computed_tokens - self.clock
         self._group[req] = self.clock
         req.lockstep = self  # from here its counters read through the clock (steps_since)
 
@@ -162,6 +167,7 @@ class LockstepScheduler(ContinuousScheduler):
             held = self._group_block_ids
             req.block_ids = [*req.block_ids, *held[-own:]]
             del held[-own:]
+        self._group_context -= counters[0] - self.clock
         del self._group[req]
         req.lockstep = None
         req.num_computed_tokens, req.num_generated, req.last_token_s, req.last_token_step = counters
@@ -191,6 +197,8 @@ class LockstepScheduler(ContinuousScheduler):
     def check_invariants(self) -> None:
         super().check_invariants()
         assert all(r in self.running and not r.prefill_pending for r in self._group), "lockstep group drifted"
+        assert self._group_context + len(self._group) * self.clock == \
+            sum(r.num_computed_tokens for r in self._group), "lockstep group context drifted"
 
     def _drop_stale(self) -> None:
         done, group = self._done, self._group

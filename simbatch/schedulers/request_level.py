@@ -49,6 +49,7 @@ class RequestLevelScheduler(BaseScheduler):
         self.batch: list[Request] = []  # every slot of the current batch, done or not
         self._prefilled = False
         self._admitted_now = 0
+        self._rows_tokens = 0  # the batch's (padded) prompt tokens, summed over its rows
         # Arrival order of waiting requests, for the "oldest has waited" timer whatever the policy.
         self._arrivals: deque[Request] = deque()
 
@@ -113,22 +114,37 @@ class RequestLevelScheduler(BaseScheduler):
         self._admitted_now = len(self.batch)
 
     def _next_step(self) -> StepPlan:
+        """The batch prefill, then its decode steps.
+
+        What a step reads (``kv_tokens``) and its prefill attention follow the batch as the GPU
+        computes it: every slot, done or not, is a row of the batch, and with ``pad_prompts`` every
+        row is as long as the longest prompt. So a padded prefill attends over ``p_max`` tokens in
+        every row, and decode step ``t`` (from 1) reads ``p + t - 1`` cached tokens in every slot,
+        ``p`` its (padded) prompt: a done slot still grows, as its reserved blocks do.
+        """
         plan = StepPlan(slices=[])
+        batch = self.batch
         if not self._prefilled:
-            p_max = max(r.prompt_tokens for r in self.batch)
-            for req in self.batch:
+            p_max = max(r.prompt_tokens for r in batch)
+            self._rows_tokens = 0
+            for req in batch:
                 plan.slices.append((req, req.prompt_tokens))
                 plan.prefill_tokens += req.prompt_tokens
                 if self.pad:
                     plan.padded_prefill_tokens += p_max - req.prompt_tokens
+                row = p_max if self.pad else req.prompt_tokens
+                plan.attention_pairs_x2 += row * row  # c (2k + c), nothing cached yet
+                self._rows_tokens += row
             plan.num_admitted = self._admitted_now
             return plan
-        for req in self.batch:
+        for req in batch:
             if req.status is Status.RUNNING:
                 plan.slices.append((req, 1))
                 plan.decode_seqs += 1
             else:
                 plan.padded_decode_seqs += 1
+        steps_since_prefill = plan.slices[0][0].num_generated - 1
+        plan.kv_tokens = self._rows_tokens + len(batch) * steps_since_prefill
         return plan
 
     # ---------------------------------------------------------------- fast-forward (engine/accelerated.py)
