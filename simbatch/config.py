@@ -302,7 +302,7 @@ class Device(_Model):
         default=None, description="<model>/<gpu>[/tpN][/fp8], e.g. llama-3.1-8b/H100-SXM/tp2: the five costs "
         "above from public specs (`simbatch presets` lists the names); keys given here override it.")
     gpu_card: GpuCard | None = Field(default=None, description="Your own GPU card, named in `preset` "
-                                     "(fields: `simbatch presets --help`).")
+                                     "(docs/hardware.md).")
     model_card: ModelCard | None = Field(default=None, description="Your own model card, named in `preset`.")
 
     # The keys the preset set (not given in the file); set by the validator, not the YAML.

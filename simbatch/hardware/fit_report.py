@@ -19,14 +19,15 @@ def relative_errors(predicted: np.ndarray, rows: pd.DataFrame) -> np.ndarray:
 
 
 def errors_by_dataset(rows: pd.DataFrame, eff: Efficiency) -> dict[tuple[str, str], dict]:
-    """Per (dataset, kind): row count, median and p90 relative error of the presets and of the plain model."""
-    preset = relative_errors(measured.predict_ms(rows, eff), rows)
-    plain = relative_errors(measured.plain_ms(rows), rows)
+    """Per (dataset, kind): row count, and the median and p90 relative error of the presets (``median``,
+    ``p90``), of the five-cost model fitted per configuration (``fit_``), and of the plain model (``plain_``)."""
+    models = {"": measured.predict_ms(rows, eff), "fit_": measured.fitted_ms(rows),
+              "plain_": measured.plain_ms(rows)}
+    errors = {name: relative_errors(pred, rows) for name, pred in models.items()}
     out = {}
     for key, idx in rows.groupby(["dataset", "kind"], sort=True).indices.items():
-        p = plain[idx][np.isfinite(plain[idx])]
-        out[key] = {"rows": len(idx), "median": float(np.median(preset[idx])),
-                    "p90": float(np.quantile(preset[idx], 0.9)),
-                    "plain_median": float(np.median(p)) if p.size else float("nan"),
-                    "plain_p90": float(np.quantile(p, 0.9)) if p.size else float("nan")}
+        out[key] = {"rows": len(idx)}
+        for name, err in errors.items():
+            e = err[idx][np.isfinite(err[idx])]
+            out[key] |= {f"{name}median": float(np.median(e)), f"{name}p90": float(np.quantile(e, 0.9))}
     return out

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy.optimize import nnls
 
 from simbatch.hardware.cards import shipped
 from simbatch.hardware.preset import Deployment, Efficiency
@@ -192,18 +193,33 @@ def predict_ms(rows: pd.DataFrame, eff: Efficiency) -> np.ndarray:
     return 1e3 * s.to_numpy()
 
 
-def plain_ms(rows: pd.DataFrame) -> np.ndarray:
-    """Each row's time under ``a + b*x`` least-squares fitted to its group's short rows (the plain model,
-    calibrated as one would at short context). A group with one short size gets a constant."""
+def _per_group(rows: pd.DataFrame, design, calibrate_on) -> np.ndarray:
+    """Each row's time under a model fitted per configuration (least relative squares, coefficients >= 0).
+
+    ``design(frame)`` gives the model's columns, ``calibrate_on(frame)`` the rows it is fitted to."""
     out = np.full(len(rows), np.nan)
     for _, idx in rows.groupby(["dataset", "kind", "group"], sort=False).indices.items():
         g = rows.iloc[idx]
-        cal = g[g.short]
-        if cal.empty:
+        cal = calibrate_on(g)
+        if not cal.any():
             continue
-        x, y = cal.x.to_numpy(float), cal.measured_ms.to_numpy(float)
-        design = np.column_stack([np.ones_like(x), x]) if np.unique(x).size > 1 else np.ones((len(x), 1))
-        coef = np.linalg.lstsq(design, y, rcond=None)[0]
-        xs = g.x.to_numpy(float)
-        out[idx] = coef[0] + (coef[1] * xs if coef.size > 1 else 0.0)
+        X = design(g)
+        X = X[:, np.abs(X[cal.to_numpy()]).sum(axis=0) > 0]
+        y = g.measured_ms.to_numpy(float)[cal.to_numpy()]
+        coef = nnls(X[cal.to_numpy()] / y[:, None], np.ones_like(y))[0]  # relative error, as calibrate fits
+        out[idx] = X @ coef
     return out
+
+
+def plain_ms(rows: pd.DataFrame) -> np.ndarray:
+    """Each row's time under ``tau0 + beta*x`` fitted to its configuration's short rows: today's model,
+    calibrated as one would at short context (``x`` the batch, or the prefill tokens)."""
+    return _per_group(rows, lambda g: np.column_stack([np.ones(len(g)), g.x.to_numpy(float)]), lambda g: g.short)
+
+
+def fitted_ms(rows: pd.DataFrame) -> np.ndarray:
+    """Each row's time under the five-cost model fitted to all its configuration's rows (as
+    ``simbatch calibrate`` fits per-step data): a constant, and the B, P, K and A terms."""
+    return _per_group(rows, lambda g: np.column_stack([np.ones(len(g)), *(g[t].to_numpy(float)
+                                                                         for t in ("DEC", "LIN", "KV", "ATTN"))]),
+                      lambda g: g.measured_ms.notna())
