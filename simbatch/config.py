@@ -367,6 +367,14 @@ class KVCache(_Model):
     # How num_blocks was derived when it was not given as a number; set by `resolved`, not the YAML.
     _derivation: str = PrivateAttr(default="")
 
+    @field_validator("num_blocks", mode="before")
+    @classmethod
+    def _blocks_or_auto(cls, value):
+        # One message for both halves of the union (pydantic would list a failure for each).
+        if value == "auto" or isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+        raise ValueError("num_blocks must be a whole number of blocks greater than 0, or auto")
+
     def resolved(self, device: Device, batching: Batching, where: str) -> KVCache:
         """This cache with ``num_blocks`` a number: itself when it is one already, else derived from
         ``gpu_kv_cache_tokens`` or the device's preset. ``where`` names the section in errors."""

@@ -12,7 +12,7 @@ from simbatch.text import printable
 
 @reports_bad_input
 def presets(names_only: bool = typer.Option(False, "--names", help="Print only the model and GPU names.")) -> None:
-    """The model and GPU cards behind `device.preset: <model>/<gpu>[/tpN][/fp8]`, and the fitted efficiencies.
+    """The model and GPU cards behind `device.preset: <model>/<gpu>`, and the fitted efficiencies.
 
     Any model combines with any GPU; /tpN splits the model over N GPUs (tensor parallelism), /fp8 stores
     the weights in fp8. Your own cards go inline in a scenario, as device.model_card / device.gpu_card
