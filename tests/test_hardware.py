@@ -67,6 +67,25 @@ def test_a_preset_is_the_physics_over_the_fitted_efficiencies():
                                            + eff.step_overhead_ms + 32 * eff.layer_overhead_us / 1e3)
 
 
+def test_every_model_on_every_gpu_derives_finite_costs():
+    gpus, models = shipped()
+    for m in models:
+        for g in gpus:
+            costs = Device(preset=f"{m}/{g}").sources()
+            dev = Device(preset=f"{m}/{g}")
+            assert set(costs.values()) == {"preset"}
+            assert all(0 < getattr(dev, k) < math.inf for k in costs), f"{m}/{g}"
+
+
+def test_presets_shows_one_preset_derived():
+    result = invoke("presets", "llama-3.1-70b/H100-SXM/tp4")
+    assert result.exit_code == 0
+    assert "kv_read_ms_per_1k_tokens" in result.stdout and "kv_cache.num_blocks: auto" in result.stdout
+    assert "no room for the KV cache" in invoke("presets", "llama-3.1-70b/L4").stdout
+    bad = invoke("presets", "llama-9/H100-SXM")
+    assert bad.exit_code == 2 and "unknown model 'llama-9'" in bad.stderr
+
+
 @pytest.mark.parametrize(("preset", "says"), [
     ("llama-3.1-8b", "<model>/<gpu>"), ("gpt-5/H100-SXM", "unknown model 'gpt-5'"),
     ("llama-3.1-8b/B200", "unknown GPU 'B200'"), ("llama-3.1-8b/A100-80GB/fp8", "no fp8"),
@@ -216,6 +235,24 @@ def test_bench_results_calibrate_within_tolerance(tmp_path):
     assert fit.params["kv_read_ms_per_1k_tokens"] == 0 and "kv_read_ms_per_1k_tokens" in fit.held
 
 
+def test_one_bench_file_cannot_separate_three_costs(tmp_path):
+    sc = scenario(device={"tau0_ms": 8.0, "beta_ms": 0.08, "prefill_ms_per_token": 0.03},
+                  workload={"num_requests": 200, "arrival": {"rate": 5}, "prompt_tokens": {"dist": "fixed", "value": 500},
+                            "output_tokens": {"dist": "fixed", "value": 100}})
+    (tmp_path / "one.json").write_text(json.dumps(simulate(sc).summary, default=float))
+    fit = calibrate([tmp_path / "one.json"])
+    assert len(fit.fitted) == 2 and "cannot be told apart" in " ".join(fit.held.values())
+    # With a preset, the costs not fitted are held at its values, and the snippet says which preset.
+    result = invoke("calibrate", tmp_path / "one.json", "--preset", "llama-3.1-8b/H100-SXM",
+                    "--out", tmp_path / "device.yaml")
+    assert result.exit_code == 0, result.stderr
+    written = yaml.safe_load((tmp_path / "device.yaml").read_text())["device"]
+    assert written["preset"] == "llama-3.1-8b/H100-SXM"  # kept, for kv_cache.num_blocks: auto
+    assert written["kv_read_ms_per_1k_tokens"] == pytest.approx(
+        Device(preset="llama-3.1-8b/H100-SXM").kv_read_ms_per_1k_tokens, rel=1e-5)
+    assert "held at --preset" in result.stdout
+
+
 @pytest.mark.parametrize(("content", "says"), [
     ("batch_size,step_ms\n1,2\n", "missing column"), ("batch_size,prefill_tokens,context_tokens,step_ms\n1,0,5,-2\n",
                                                       "row 2"), ('{"completed": 3}', "missing or non-numeric")])
@@ -247,6 +284,14 @@ def test_the_fit_report_is_up_to_date_and_fast():
     assert time.perf_counter() - start < 5
     committed = (ROOT / "docs" / "hardware_fit.md").read_text(encoding="utf-8")
     assert committed == page, "docs/hardware_fit.md is stale: run .venv/bin/python scripts/gen_hardware_fit.py"
+
+
+def test_the_stored_efficiencies_are_the_fit_of_the_shared_data():
+    """scripts/fit_hardware.py, rerun, finds the shipped constants (to the rounding of a BLAS)."""
+    fit = _script("fit_hardware").fit(measured.load_all())
+    stored = fitted()[0]
+    for name in stored.names():
+        assert getattr(fit, name) == pytest.approx(getattr(stored, name), rel=1e-2), name
 
 
 def test_the_stored_fit_errors_are_the_efficiencies_errors():

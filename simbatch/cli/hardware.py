@@ -9,23 +9,26 @@ import typer
 from simbatch.cli.common import BadInput, reports_bad_input
 from simbatch.text import printable
 
+PRESET_ARG = typer.Argument(None, metavar="[MODEL/GPU]", show_default=False,
+                            help="A preset to show derived: its five costs and its KV cache at vLLM's defaults.")
+
 
 @reports_bad_input
-def presets(names_only: bool = typer.Option(False, "--names", help="Print only the model and GPU names.")) -> None:
+def presets(preset: str = PRESET_ARG) -> None:
     """The model and GPU cards behind `device.preset: <model>/<gpu>`, and the fitted efficiencies.
 
     Any model combines with any GPU; /tpN splits the model over N GPUs (tensor parallelism), /fp8 stores
     the weights in fp8. Your own cards go inline in a scenario, as device.model_card / device.gpu_card
-    with the fields shown here and a name the preset uses (docs/hardware.md).
+    with the fields shown here and a name the preset uses (docs/hardware.md). Given a preset, show
+    what it derives instead.
     """
     from simbatch.hardware.cards import shipped
     from simbatch.hardware.preset import fitted
 
-    gpus, models = shipped()
-    if names_only:
-        typer.echo("models: " + " ".join(models))
-        typer.echo("gpus: " + " ".join(gpus))
+    if preset is not None:
+        _show(preset)
         return
+    gpus, models = shipped()
     typer.echo(f"{'model':<15} {'params_b':>8} {'active_b':>8} {'layers':>6} {'hidden':>6} {'q/kv heads':>10} "
                f"{'head_dim':>8} {'vocab':>7}")
     for m in models.values():
@@ -46,6 +49,28 @@ def presets(names_only: bool = typer.Option(False, "--names", help="Print only t
     for key, err in record["fit_error"].items():
         typer.echo(f"  {key}: {err['median']:.1%} / {err['p90']:.1%} over {err['rows']} rows")
     typer.echo("e.g. device.preset: llama-3.1-8b/H100-SXM, llama-3.1-70b/H100-SXM/tp4, qwen2.5-72b/H200/tp2/fp8")
+
+
+def _show(preset: str) -> None:
+    """One preset's costs, and the KV cache it leaves at gpu_memory_utilization 0.9, max_num_batched_tokens
+    8192 and max_num_seqs 256 (vLLM's defaults on a large GPU)."""
+    from pydantic import ValidationError
+
+    from simbatch.config import Device
+    from simbatch.hardware.memory import kv_budget
+
+    try:
+        device = Device(preset=preset)
+    except ValidationError as exc:
+        raise BadInput(f"{printable(preset)}: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
+    for key in device.sources():
+        typer.echo(f"{key:<34} {getattr(device, key):>10.6g}")
+    try:
+        budget = kv_budget(device.deployment(), 16, 0.9, 8192, 256)
+        typer.echo(f"{'kv_cache.num_blocks: auto':<34} {budget.blocks:>10,}  ({budget.blocks * 16:,} tokens of "
+                   f"16-token blocks: {budget.describe()})")
+    except ValueError as exc:
+        typer.echo(str(exc))
 
 
 FILES_ARG = typer.Argument(..., metavar="FILE...", show_default=False,
@@ -99,7 +124,7 @@ def calibrate(files: list[Path] = FILES_ARG, out: Path = SNIPPET_OPT, preset: st
         typer.echo(f"{printable(p.label)[:48]:<48} {p.measured_ms:>12.4g} {p.fitted_ms:>10.4g} {p.relative_error:>+8.1%}")
     err = result.points.relative_error.abs()
     typer.echo(f"relative error: median {err.median():.1%}, max {err.max():.1%} over {len(err)} points")
-    snippet = result.yaml_snippet()
+    snippet = result.yaml_snippet(preset)
     typer.echo("")
     typer.echo(snippet, nl=False)
     if out is not None:

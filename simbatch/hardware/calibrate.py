@@ -165,6 +165,7 @@ class Fit:
     points: pd.DataFrame  # label, measured_ms, fitted_ms, relative_error
 
     def yaml_snippet(self, preset: str | None = None) -> str:
+        """A ``device:`` section with every cost; the preset, when given, stays for ``num_blocks: auto``."""
         lines = ["device:"] + ([f"  preset: {preset}"] if preset else [])
         lines += [f"  {k}: {v:.6g}" for k, v in self.params.items()]
         return "\n".join(lines) + "\n"
