@@ -281,6 +281,11 @@ class Workload(_Model):
 
 
 # --------------------------------------------------------------------------- device, memory
+DEVICE_COSTS = ("tau0_ms", "beta_ms", "prefill_ms_per_token", "kv_read_ms_per_1k_tokens",
+                "prefill_attention_ms_per_1m_pairs")
+"""The five costs of a step (tau0, beta, gamma, delta, epsilon), as the device section names them."""
+
+
 class Device(_Model):
     """The cost model: one engine step takes tau0 + beta*B + gamma*P + delta*K + epsilon*A.
 
@@ -339,10 +344,8 @@ class Device(_Model):
 
     def sources(self) -> dict[str, str]:
         """Where each cost came from: "preset", "explicit" (given in the scenario) or "default"."""
-        keys = ("tau0_ms", "beta_ms", "prefill_ms_per_token", "kv_read_ms_per_1k_tokens",
-                "prefill_attention_ms_per_1m_pairs")
         return {k: "preset" if k in self._from_preset else "explicit" if k in self.model_fields_set else "default"
-                for k in keys}
+                for k in DEVICE_COSTS}
 
 
 class KVCache(_Model):

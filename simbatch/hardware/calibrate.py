@@ -40,8 +40,9 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
 
-PARAMS = ("tau0_ms", "beta_ms", "prefill_ms_per_token", "kv_read_ms_per_1k_tokens",
-          "prefill_attention_ms_per_1m_pairs")
+from simbatch.config import DEVICE_COSTS
+
+PARAMS = DEVICE_COSTS
 STEP_COLUMNS = ("batch_size", "prefill_tokens", "context_tokens", "step_ms")
 BENCH_KEYS = ("request_throughput", "completed", "total_input_tokens", "total_output_tokens", "mean_ttft_ms",
               "mean_tpot_ms")

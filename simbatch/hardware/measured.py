@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
 
-from simbatch.hardware.cards import shipped
+from simbatch.hardware.cards import ModelCard, shipped
 from simbatch.hardware.preset import Deployment, Efficiency
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "hardware"
@@ -46,14 +46,11 @@ def _deployment(model: str, gpu: str, tp: int = 1, fp8: bool = False) -> Deploym
 
 def _step_terms(d: Deployment, B, P, K, A) -> dict[str, np.ndarray]:
     """A whole engine step of B decodes, P prefill tokens, K KV tokens read, A prefill pairs."""
-    bw = d.gpu.memory_bandwidth_gb_s * 1e9
-    tok = 2 * d.model.active_b * 1e9 / d.tp / d.flops
-    pair = 4 * d.model.layers * d.model.q_heads / d.tp * d.model.head_dim / (d.gpu.bf16_tflops * 1e12)
+    u = d.unit_seconds()
     one = np.ones_like(np.asarray(B, dtype=float))
-    return {"W": one * d.streamed_bytes_per_gpu / bw, "STEP": one, "LAYERS": one * d.model.layers,
-            "ALLREDUCES": one * (2 * d.model.layers if d.tp > 1 else 0), "DEC": B * tok, "LIN": P * tok,
-            "COMM": (B + P) * d.allreduce_bytes_per_token / (d.gpu.interconnect_gb_s * 1e9),
-            "KV": K * d.kv_bytes_per_token / bw, "ATTN": A * pair}
+    return {"W": one * u["W"], "STEP": one, "LAYERS": one * u["LAYERS"], "ALLREDUCES": one * u["ALLREDUCES"],
+            "DEC": B * u["TOKEN"], "LIN": P * u["TOKEN"], "COMM": (B + P) * u["COMM"], "KV": K * u["KV"],
+            "ATTN": A * u["ATTN"]}
 
 
 def _rows(meta: pd.DataFrame, terms: dict[str, np.ndarray]) -> pd.DataFrame:
@@ -121,11 +118,11 @@ def vidur(folder: Path = DATA) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def _h100(q: int, kv: int, hd: int, tp: int):
-    """Per-layer, per-GPU costs of one attention layout on an H100: (KV s/token, prefill s/pair)."""
-    gpu = shipped()[0]["H100-SXM"]
-    kv_bytes = 2 * max(1.0, kv / tp) * hd * 2
-    return kv_bytes / (gpu.memory_bandwidth_gb_s * 1e9), 4 * q / tp * hd / (gpu.bf16_tflops * 1e12)
+def _h100_layer(q: int, kv: int, hd: int, tp: int = 1) -> dict[str, float]:
+    """One attention layer of this head layout on an H100, as :meth:`Deployment.unit_seconds` gives it."""
+    layer = ModelCard(name=f"{q}-{kv}-{hd}", params_b=1, layers=1, hidden_size=q * hd, intermediate_size=1,
+                      q_heads=q, kv_heads=kv, head_dim=hd, vocab_size=1)
+    return Deployment(layer, shipped()[0]["H100-SXM"], tp).unit_seconds()
 
 
 def blis_decode(folder: Path = DATA) -> pd.DataFrame:
@@ -134,7 +131,7 @@ def blis_decode(folder: Path = DATA) -> pd.DataFrame:
     frames = []
     for (q, kv, hd, tp), g in raw.groupby(["q_heads", "kv_heads", "head_dim", "tp"], sort=False):
         g = g.iloc[1:]
-        kv_s, _ = _h100(q, kv, hd, tp)
+        kv_s = _h100_layer(q, kv, hd, tp)["KV"]
         B, L = g.batch_size.to_numpy(float), g.kv_len.to_numpy(float)
         meta = pd.DataFrame({"dataset": "blis_h100_attention_decode_kernels", "kind": "attention kernel",
                              "group": f"{q}-{kv}-{hd}/tp{tp}", "x": B, "short": L <= 1024,
@@ -148,7 +145,7 @@ def blis_prefill(folder: Path = DATA) -> pd.DataFrame:
     raw = pd.read_csv(folder / "blis_h100_attention_prefill_kernels.csv")
     frames = []
     for (q, kv, hd), g in raw.groupby(["q_heads", "kv_heads", "head_dim"], sort=False):
-        _, pair_s = _h100(q, kv, hd, 1)
+        pair_s = _h100_layer(q, kv, hd)["ATTN"]
         S = g.seq_len.to_numpy(float)
         meta = pd.DataFrame({"dataset": "blis_h100_attention_prefill_kernels", "kind": "attention kernel",
                              "group": f"{q}-{kv}-{hd}", "x": S, "short": S <= 4096,
@@ -185,12 +182,8 @@ def load_all(folder: Path = DATA) -> pd.DataFrame:
 
 
 def predict_ms(rows: pd.DataFrame, eff: Efficiency) -> np.ndarray:
-    """Each row's time under ``eff``, ms: the terms at 100 % divided by their efficiencies, plus overheads."""
-    s = (rows.W / eff.weights_bandwidth + rows.STEP * eff.step_overhead_ms / 1e3
-         + rows.LAYERS * eff.layer_overhead_us / 1e6 + rows.ALLREDUCES * eff.allreduce_us / 1e6
-         + rows.DEC / eff.decode_flops + rows.LIN / eff.linear_flops + rows.COMM
-         + rows.KV / eff.kv_bandwidth + rows.ATTN / eff.attention_flops)
-    return 1e3 * s.to_numpy()
+    """Each row's time under ``eff``, ms."""
+    return 1e3 * eff.seconds(**{t: rows[t].to_numpy() for t in TERMS})
 
 
 def _per_group(rows: pd.DataFrame, design, calibrate_on) -> np.ndarray:

@@ -53,6 +53,15 @@ class Efficiency:
     def names(cls) -> list[str]:
         return [f.name for f in fields(cls)]
 
+    def seconds(self, W=0.0, STEP=0.0, LAYERS=0.0, ALLREDUCES=0.0, DEC=0.0, LIN=0.0, COMM=0.0, KV=0.0, ATTN=0.0):
+        """A time, s, from the work at 100 % (scalars or arrays alike): ``W`` weight-streaming seconds,
+        ``STEP``/``LAYERS``/``ALLREDUCES`` counts of fixed overheads, ``DEC``/``LIN`` matrix-multiply
+        seconds of decoding sequences / prefill tokens, ``COMM`` all-reduce transfer seconds, ``KV``
+        KV-reading seconds, ``ATTN`` prefill-attention seconds. The one place the efficiencies apply."""
+        return (W / self.weights_bandwidth + STEP * self.step_overhead_ms / 1e3 + LAYERS * self.layer_overhead_us / 1e6
+                + ALLREDUCES * self.allreduce_us / 1e6 + DEC / self.decode_flops + LIN / self.linear_flops + COMM
+                + KV / self.kv_bandwidth + ATTN / self.attention_flops)
+
 
 @functools.cache
 def fitted() -> tuple[Efficiency, dict]:
@@ -104,26 +113,28 @@ class Deployment:
             return 0.0
         return 2 * self.model.layers * self.model.hidden_size * BF16_BYTES * 2 * (self.tp - 1) / self.tp
 
+    def unit_seconds(self) -> dict[str, float]:
+        """The work at 100 % efficiency, on one GPU: per step, ``W`` (the streamed weights / bandwidth, s),
+        ``LAYERS`` and ``ALLREDUCES`` (how many); ``TOKEN`` (one token's matrix multiplies / peak, s) and
+        ``COMM`` (its all-reduce bytes / interconnect, s); ``KV`` (one KV token read, s); ``ATTN`` (one
+        prefill query-key pair, s, at the bf16 peak)."""
+        m, bandwidth = self.model, self.gpu.memory_bandwidth_gb_s * 1e9
+        return {"W": self.streamed_bytes_per_gpu / bandwidth, "LAYERS": m.layers,
+                "ALLREDUCES": 2 * m.layers if self.tp > 1 else 0, "TOKEN": 2 * m.active_b * 1e9 / self.tp / self.flops,
+                "COMM": self.allreduce_bytes_per_token / (self.gpu.interconnect_gb_s * 1e9),
+                "KV": self.kv_bytes_per_token / bandwidth,
+                "ATTN": 4 * m.layers * m.q_heads / self.tp * m.head_dim / (self.gpu.bf16_tflops * 1e12)}
+
     def device_ms(self, eff: Efficiency) -> dict[str, float]:
         """The ``device`` keys this deployment gets: tau0_ms, beta_ms, prefill_ms_per_token, ..."""
-        bandwidth = self.gpu.memory_bandwidth_gb_s * 1e9
-        token_flops = 2 * self.model.active_b * 1e9 / self.tp
-        comm_s = self.allreduce_bytes_per_token / (self.gpu.interconnect_gb_s * 1e9)
-        allreduce_ms = 0.0 if self.tp == 1 else 2 * self.model.layers * eff.allreduce_us / 1e3
-        pair_flops = 4 * self.model.layers * self.model.q_heads / self.tp * self.model.head_dim
-        return {
-            "tau0_ms": 1e3 * self.streamed_bytes_per_gpu / (bandwidth * eff.weights_bandwidth)
-            + eff.step_overhead_ms + self.model.layers * eff.layer_overhead_us / 1e3 + allreduce_ms,
-            "beta_ms": 1e3 * (token_flops / (self.flops * eff.decode_flops) + comm_s),
-            "prefill_ms_per_token": 1e3 * (token_flops / (self.flops * eff.linear_flops) + comm_s),
-            "kv_read_ms_per_1k_tokens": 1e6 * self.kv_bytes_per_token / (bandwidth * eff.kv_bandwidth),
-            "prefill_attention_ms_per_1m_pairs":
-                1e9 * pair_flops / (self.gpu.bf16_tflops * 1e12 * eff.attention_flops),
-        }
+        u = self.unit_seconds()
+        return {"tau0_ms": 1e3 * eff.seconds(W=u["W"], STEP=1, LAYERS=u["LAYERS"], ALLREDUCES=u["ALLREDUCES"]),
+                "beta_ms": 1e3 * eff.seconds(DEC=u["TOKEN"], COMM=u["COMM"]),
+                "prefill_ms_per_token": 1e3 * eff.seconds(LIN=u["TOKEN"], COMM=u["COMM"]),
+                "kv_read_ms_per_1k_tokens": 1e6 * eff.seconds(KV=u["KV"]),
+                "prefill_attention_ms_per_1m_pairs": 1e9 * eff.seconds(ATTN=u["ATTN"])}
 
 
-PRESET_KEYS = ("tau0_ms", "beta_ms", "prefill_ms_per_token", "kv_read_ms_per_1k_tokens",
-               "prefill_attention_ms_per_1m_pairs")
 _TP = re.compile(r"tp([1-9][0-9]*)")
 
 
