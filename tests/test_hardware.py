@@ -26,6 +26,7 @@ from simbatch.hardware.cards import shipped
 from simbatch.hardware.fit_report import errors_by_dataset
 from simbatch.hardware.memory import GIB, activation_reserve_bytes
 from simbatch.hardware.preset import fitted, parse
+from simbatch.hardware.report import preset_block
 from simbatch.simulation import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,6 +145,9 @@ def test_a_replica_group_with_its_own_gpu_gets_its_own_blocks():
                   cluster={"replica_specs": [{"count": 1}, {"count": 1, "device": {"preset": "llama-3.1-8b/H200"}}]})
     h100, h200 = (s.kv_cache.num_blocks for s in replica_scenarios(sc))
     assert h200 > 1.9 * h100 > 0  # 141 GiB against 80: twice the room left once the 15 GiB of weights are in
+    shown = preset_block(sc)
+    assert "Device costs of cluster.replica_specs.1 (preset llama-3.1-8b/H200)" in shown
+    assert f"{h200:,}" in shown and f"{h100:,}" in shown
 
 
 @pytest.mark.parametrize(("sections", "says"), [
