@@ -339,7 +339,8 @@ class Device(_Model):
         derived = self.deployment().device_ms(fitted()[0])
         taken = tuple(k for k in derived if k not in self.model_fields_set)
         for key in taken:
-            self.__dict__[key] = round(derived[key], 6)  # as validated values: every one is finite and >= 0
+            # Six significant digits, as printed; every value is finite and >= 0, as validation would demand.
+            self.__dict__[key] = float(f"{derived[key]:.6g}")
         self._from_preset = taken
 
     def sources(self) -> dict[str, str]:

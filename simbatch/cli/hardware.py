@@ -102,7 +102,8 @@ def calibrate(files: list[Path] = FILES_ARG, out: Path = SNIPPET_OPT, preset: st
 
     for f in files:
         if not f.is_file():
-            raise BadInput(f"{printable(f)}: file not found; give per-step .csv or bench .json files")
+            raise BadInput(f"{printable(f)}: {'not a file' if f.exists() else 'file not found'}; give per-step .csv "
+                           "or vllm bench serve .json files")
     start = None
     if preset is not None:
         try:
