@@ -57,8 +57,9 @@ DIST_LINK = "length distribution, see [Length distributions](#length-distributio
 
 
 # --------------------------------------------------------------------------- units
-UNIT_SUFFIXES = (("_ms_per_token", "ms/token"), ("_ms_per_1k_tokens", "ms/1k tokens"), ("_ms_per_1m_pairs", "ms/1M pairs"),
-                 ("_ms_per_block", "ms/block"), ("_ms", "ms"), ("_s", "s"),
+UNIT_SUFFIXES = (("_ms_per_token", "ms/token"), ("_ms_per_block", "ms/block"), ("_ms_per_1k_tokens", "ms/1000 tokens"),
+                 ("_ms_per_1m_pairs", "ms/1e6 pairs"), ("_gb_s", "GB/s"), ("_gib", "GiB"), ("_tflops", "TFLOP/s"),
+                 ("_ms", "ms"), ("_s", "s"),
                  ("_tokens", "tokens"), ("_blocks", "blocks"), ("_seqs", "sequences"))
 # A unit stated in the description: "Mean arrival rate, requests/s; ...", "Smallest length, tokens."
 UNIT_IN_TEXT = re.compile(r",\s*(?:in\s+)?(requests/s|tokens|ms|s)(?=[.;, (]|$)")

@@ -14,6 +14,8 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from simbatch.hardware.cards import GpuCard, ModelCard
+
 MAX_TOKENS = 10_000_000
 """The longest prompt or output a length may have: ten times the longest context windows there are.
 A larger value is a typo (an exponent too many), and would make every figure derived from it absurd."""
@@ -316,10 +318,18 @@ class Workload(_Model):
 MAX_CONTEXT_COST_MS = 1e6
 """The largest context cost per 1k tokens or 1M pairs, ms: a thousand seconds; above it, a typo."""
 
+DEVICE_COSTS = ("tau0_ms", "beta_ms", "prefill_ms_per_token", "kv_read_ms_per_1k_tokens",
+                "prefill_attention_ms_per_1m_pairs")
+"""The five costs of a step (tau0, beta, gamma, delta, epsilon), as the device section names them."""
+
 
 class Device(_Model):
-    """The cost model (simbatch/cost.py): one engine step takes tau0 + beta * decoding_seqs +
-    gamma * prefill_tokens + delta * kv_tokens_read + epsilon * prefill_attention_pairs."""
+    """The cost model (simbatch/cost.py): one engine step takes tau0 + beta*B + gamma*P + delta*K + epsilon*A.
+
+    B decoding sequences, P prefill tokens, K the KV tokens the step reads, A the prefill attention
+    pairs (docs/concepts.md). ``preset`` derives all five from a model and a GPU (docs/hardware.md);
+    a key given beside it overrides the preset's value.
+    """
 
     tau0_ms: NonNegFloat = Field(default=20.0, description="Fixed cost of a step (streaming the weights), ms.")
     beta_ms: NonNegFloat = Field(default=0.2, description="Marginal cost per decoding sequence, ms.")
@@ -332,6 +342,15 @@ class Device(_Model):
         default=0.0, le=MAX_CONTEXT_COST_MS,
         description="epsilon: prefill attention compute per 1,000,000 (query, key) token pairs, ms; a "
         "chunk of c tokens after k cached has c * (k + c / 2) pairs.")
+    preset: str | None = Field(
+        default=None, description="<model>/<gpu>[/tpN][/fp8], e.g. llama-3.1-8b/H100-SXM/tp2: the five costs "
+        "above from public specs (`simbatch presets` lists the names); keys given here override it.")
+    gpu_card: GpuCard | None = Field(default=None, description="Your own GPU card, named in `preset` "
+                                     "(docs/hardware.md).")
+    model_card: ModelCard | None = Field(default=None, description="Your own model card, named in `preset`.")
+
+    # The keys the preset set (not given in the file); set by the validator, not the YAML.
+    _from_preset: tuple[str, ...] = PrivateAttr(default=())
 
     # The model runs in seconds: the settings in s, converted here and nowhere else (see ``seconds``).
     @property
@@ -348,22 +367,104 @@ class Device(_Model):
 
     @model_validator(mode="after")
     def _positive_step(self) -> Device:
+        if self.preset is not None:
+            self._apply_preset()
+        elif self.gpu_card is not None or self.model_card is not None:
+            raise ValueError("gpu_card/model_card are used by a preset only; set device.preset to "
+                             "<model>/<gpu> naming them, or remove them")
         if self.tau0_ms == 0 and self.beta_ms == 0:
             raise ValueError("tau0_ms and beta_ms are both 0: a step would take no time")
         return self
+
+    def deployment(self):
+        """The :class:`~simbatch.hardware.preset.Deployment` the preset names, or None without one."""
+        from simbatch.hardware.preset import parse  # the cards load on first use, not with the config
+
+        if self.preset is None:
+            return None
+        return parse(self.preset, {self.gpu_card.name: self.gpu_card} if self.gpu_card else None,
+                     {self.model_card.name: self.model_card} if self.model_card else None)
+
+    def _apply_preset(self) -> None:
+        from simbatch.hardware.preset import fitted
+
+        derived = self.deployment().device_ms(fitted()[0])
+        taken = tuple(k for k in derived if k not in self.model_fields_set)
+        for key in taken:
+            # Six significant digits, as printed; every value is finite and >= 0, as validation would demand.
+            self.__dict__[key] = float(f"{derived[key]:.6g}")
+        self._from_preset = taken
+
+    def sources(self) -> dict[str, str]:
+        """Where each cost came from: "preset", "explicit" (given in the scenario) or "default"."""
+        return {k: "preset" if k in self._from_preset else "explicit" if k in self.model_fields_set else "default"
+                for k in DEVICE_COSTS}
 
 
 class KVCache(_Model):
     """Paged KV cache: fixed-size blocks, allocated as sequences grow."""
 
     block_size: PosInt = Field(default=16, description="Tokens per block.")
-    num_blocks: PosInt = Field(default=8192, description="Blocks on the device.")
+    num_blocks: PosInt | Literal["auto"] = Field(
+        default=8192, description="Blocks on the device; auto: from the GPU's memory as vLLM sizes it (needs "
+        "device.preset), or from gpu_kv_cache_tokens.")
+    gpu_kv_cache_tokens: PosInt | None = Field(
+        default=None, description="The token count vLLM logs at start-up (\"GPU KV cache size: N tokens\"): "
+        "num_blocks = N // block_size.")
+    gpu_memory_utilization: float = Field(
+        default=0.9, gt=0, le=1, description="num_blocks auto: the fraction of GPU memory vLLM may use "
+        "(its --gpu-memory-utilization).")
+    activation_reserve_gib: NonNegFloat | None = Field(
+        default=None, description="num_blocks auto: memory kept for activations and outside PyTorch, GiB per "
+        "GPU; estimated from the model when omitted (docs/hardware.md).")
     swap_blocks: NonNegInt = Field(default=0, description="Blocks in the host swap pool (swap preemption).")
     swap_ms_per_block: NonNegFloat = Field(default=0.0, description="Transfer time per block, each way, ms.")
     enable_prefix_caching: bool = Field(
         default=False, description="Keep computed blocks, keyed by their content, for later requests with the "
         "same prefix (vLLM's automatic prefix caching; continuous batching only)."
     )
+
+    # How num_blocks was derived when it was not given as a number; set by `resolved`, not the YAML.
+    _derivation: str = PrivateAttr(default="")
+
+    @field_validator("num_blocks", mode="before")
+    @classmethod
+    def _blocks_or_auto(cls, value):
+        # One message for both halves of the union (pydantic would list a failure for each).
+        if value == "auto" or isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+        raise ValueError("num_blocks must be a whole number of blocks greater than 0, or auto")
+
+    def resolved(self, device: Device, batching: Batching, where: str) -> KVCache:
+        """This cache with ``num_blocks`` a number: itself when it is one already, else derived from
+        ``gpu_kv_cache_tokens`` or the device's preset. ``where`` names the section in errors."""
+        if self.gpu_kv_cache_tokens is not None:
+            blocks = self.gpu_kv_cache_tokens // self.block_size
+            if blocks < 1:
+                raise ValueError(f"{where}.gpu_kv_cache_tokens ({self.gpu_kv_cache_tokens}) is less than one block "
+                                 f"of {self.block_size} tokens; give the token count vLLM logs")
+            if "num_blocks" in self.model_fields_set and self.num_blocks not in ("auto", blocks):
+                raise ValueError(f"{where}.gpu_kv_cache_tokens ({self.gpu_kv_cache_tokens}) gives {blocks} blocks "
+                                 f"of {self.block_size} tokens, but num_blocks is {self.num_blocks}; remove "
+                                 "num_blocks (or set it to auto)")
+            how = f"gpu_kv_cache_tokens {self.gpu_kv_cache_tokens:,} / block_size {self.block_size}"
+        elif self.num_blocks != "auto":
+            return self
+        else:
+            deployment = device.deployment()
+            if deployment is None:
+                raise ValueError(f"{where}.num_blocks is auto, which derives the blocks from the model and the GPU; "
+                                 "set device.preset (e.g. llama-3.1-8b/H100-SXM), or give "
+                                 f"{where}.gpu_kv_cache_tokens or a number of blocks")
+            from simbatch.hardware.memory import kv_budget
+
+            budget = kv_budget(deployment, self.block_size, self.gpu_memory_utilization,
+                               batching.max_num_batched_tokens, batching.max_num_seqs, self.activation_reserve_gib)
+            blocks, how = budget.blocks, f"{deployment.name}: {budget.describe()}"
+        out = self.model_copy()
+        out.__dict__["num_blocks"] = blocks  # a validated value: a positive int
+        out._derivation = how
+        return out
 
 
 # --------------------------------------------------------------------------- batching
@@ -589,6 +690,21 @@ class Scenario(_Model):
 
     # Where relative paths (traces, empirical lengths) are resolved; set by the loader, not the YAML.
     _base_dir: Path | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _kv_blocks(self) -> Scenario:
+        # num_blocks: auto becomes a number here, where the device and batching it depends on are known;
+        # a replica group with its own device but the scenario's cache gets its own number too.
+        given = self.kv_cache
+        self.__dict__["kv_cache"] = given.resolved(self.device, self.batching, "kv_cache")
+        derived = given.num_blocks == "auto" or given.gpu_kv_cache_tokens is not None
+        for i, spec in enumerate(self.cluster.replica_specs or []):
+            cache = spec.kv_cache if spec.kv_cache is not None else \
+                given if derived and (spec.device is not None or spec.batching is not None) else None
+            if cache is not None:
+                spec.__dict__["kv_cache"] = cache.resolved(spec.device or self.device, spec.batching or self.batching,
+                                                           f"cluster.replica_specs.{i}.kv_cache")
+        return self
 
     @model_validator(mode="after")
     def _prefix_caching(self) -> Scenario:

@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 from test_cli import RUN_FILES, SCENARIOS, invoke
 
+from simbatch.capacity import expected_stability
 from simbatch.loading import load_scenario
 from simbatch.simulation import simulate
+from simbatch.workload import generate
 
 SHIPPED = sorted(SCENARIOS.glob("*.yaml"))
 NAMES = [p.stem for p in SHIPPED]
@@ -189,3 +191,14 @@ def test_prefix_caching_figures():
     assert round(100 * affinity.summary["prefix_cache_hit_rate"]) == 96 and round(affinity.summary["p99_ttft_ms"]) == 113
     assert round(100 * scattered.summary["prefix_cache_hit_rate"]) == 53 and scattered.summary["p99_ttft_ms"] > 100_000
     assert round(scattered.stability.offered_load, 2) == 0.54
+
+
+def test_llama3_8b_h100_figures():
+    """The figures llama3_8b_h100.yaml quotes: on its preset, 30 req/s at an offered load of 0.81 with
+    p99 TTFT 63 ms, compute binding; 36 req/s still stable (0.97), 38 oversubscribed."""
+    at_30 = run("llama3_8b_h100")
+    assert round(at_30.stability.offered_load, 2) == 0.81 and at_30.stability.limited_by == "compute"
+    assert round(at_30.summary["p99_ttft_ms"]) == 63
+    for rate, load in ((36, 0.97), (38, 1.02)):
+        scenario = load_scenario(SCENARIOS / "llama3_8b_h100.yaml", [f"workload.arrival.rate={rate}"])
+        assert round(expected_stability(scenario, generate(scenario)).offered_load, 2) == load

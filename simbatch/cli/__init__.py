@@ -7,6 +7,8 @@
     simbatch capacity [SCENARIO.yaml] the analytic throughput model
     simbatch sweep SCENARIO.yaml      a grid of parameters x replications, locally or on Dask
     simbatch capacity-search ...      the highest arrival rate that meets the SLOs
+    simbatch presets                  the model and GPU cards behind device.preset
+    simbatch calibrate FILE...        device costs fitted to per-step timings or vllm bench serve results
 
 Each command lives in its own module; this one only assembles them. The console script is
 :func:`simbatch.console.main`, which wraps this app.
@@ -18,6 +20,7 @@ import typer
 
 from simbatch import __version__
 from simbatch.cli.capacity import capacity
+from simbatch.cli.hardware import calibrate, presets
 from simbatch.cli.inspect import schema, validate
 from simbatch.cli.run import compare, run
 from simbatch.cli.sweep import register as register_sweep
@@ -29,7 +32,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-for command in (run, compare, validate, schema, capacity):
+for command in (run, compare, validate, schema, capacity, presets, calibrate):
     app.command()(command)
 register_sweep(app)
 

@@ -73,6 +73,7 @@ def run(scenario_file: Path = SCENARIO_ARG,
     """
     from simbatch import report, results
     from simbatch.capacity import expected_stability
+    from simbatch.hardware.report import preset_block
     from simbatch.workload import generate
 
     bench = bench_overrides(request_rate, burstiness, num_prompts, max_concurrency, percentile_metrics,
@@ -84,6 +85,8 @@ def run(scenario_file: Path = SCENARIO_ARG,
     workload = generate(scenario)
     warn(scenario, workload)
     say = (lambda text: None) if quiet else typer.echo
+    if block := preset_block(scenario):
+        say(block)
     say(report.stability_block(expected_stability(scenario, workload)))
     if note := report.client_note(scenario.workload):
         say(note)

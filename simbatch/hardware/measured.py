@@ -1,0 +1,218 @@
+"""The measured steps and kernels of ``../shared/data/hardware``, as rows a preset can predict.
+
+Each dataset becomes a frame of measured times (``measured_ms``) with, per row, the physical work at
+100 % efficiency (seconds), so that a prediction under any :class:`~.preset.Efficiency` is one
+weighted sum (:func:`predict_ms`). The columns are the terms of ``Deployment.device_ms`` times their
+counts: ``W`` (weights streamed), ``STEP``/``LAYERS``/``ALLREDUCES`` (how many fixed overheads),
+``DEC``/``LIN`` (matrix-multiply FLOPs of decoding sequences / prefill tokens), ``COMM`` (all-reduce
+bytes), ``KV`` (KV bytes read), ``ATTN`` (prefill attention FLOPs).
+
+Each row also has what the plain model ``tau0 + beta*x`` needs to be calibrated like a user would,
+at short context: ``group`` (one configuration), ``x`` (its batch or token count) and ``short``
+(the rows it is calibrated on). The data are read where they are (never copied into the project).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import nnls
+
+from simbatch.hardware.cards import ModelCard, shipped
+from simbatch.hardware.preset import Deployment, Efficiency
+
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "hardware"
+"""``../shared/data/hardware`` beside the repository (the checkout's parent folder)."""
+
+TERMS = ("W", "STEP", "LAYERS", "ALLREDUCES", "DEC", "LIN", "COMM", "KV", "ATTN")
+
+TRT_GPUS = {"A100-SXM4-80GB": "A100-80GB", "H100 80GB HBM3": "H100-SXM", "H100 NVL": "H100-NVL",
+            "H200 141GB HBM3": "H200", "L40": "L40", "L40S": "L40S"}  # GH200: no card (its memory varies)
+TRT_MODELS = {"LLaMA v2 7B": "llama-2-7b", "LLaMA v2 13B": "llama-2-13b", "LLaMA v2 70B": "llama-2-70b",
+              "Mistral 7B": "mistral-7b", "Mixtral 8x7B": "mixtral-8x7b", "GPTJ 6B": "gpt-j-6b"}  # Falcon: no card
+SPLITWISE_GPUS = {"a100-80gb": "A100-80GB", "h100-80gb": "H100-SXM"}  # h100-80gb-pcap: power-capped
+VIDUR_GPUS = {"a100": "A100-80GB", "h100": "H100-SXM", "a40": "A40"}
+VIDUR_MODELS = {"Llama-2-7b-hf": "llama-2-7b", "Llama-2-70b-hf": "llama-2-70b", "Meta-Llama-3-8B": "llama-3.1-8b",
+                "Meta-Llama-3-70B": "llama-3.1-70b", "CodeLlama-34b-Instruct-hf": "codellama-34b",
+                "Qwen-72B": "qwen-72b"}
+
+
+def _deployment(model: str, gpu: str, tp: int = 1, fp8: bool = False) -> Deployment:
+    gpus, models = shipped()
+    return Deployment(models[model], gpus[gpu], tp, fp8)
+
+
+def _step_terms(d: Deployment, B, P, K, A) -> dict[str, np.ndarray]:
+    """A whole engine step of B decodes, P prefill tokens, K KV tokens read, A prefill pairs."""
+    u = d.unit_seconds()
+    one = np.ones_like(np.asarray(B, dtype=float))
+    return {"W": one * u["W"], "STEP": one, "LAYERS": one * u["LAYERS"], "ALLREDUCES": one * u["ALLREDUCES"],
+            "DEC": B * u["TOKEN"], "LIN": P * u["TOKEN"], "COMM": (B + P) * u["COMM"], "KV": K * u["KV"],
+            "ATTN": A * u["ATTN"]}
+
+
+def _rows(meta: pd.DataFrame, terms: dict[str, np.ndarray]) -> pd.DataFrame:
+    out = meta.reset_index(drop=True).copy()
+    for t in TERMS:
+        out[t] = np.asarray(terms.get(t, np.zeros(len(out))), dtype=float) * np.ones(len(out))
+    return out
+
+
+def trtllm(folder: Path = DATA) -> pd.DataFrame:
+    """TensorRT-LLM 0.9 static batches: the mean decode step (``t2t_ms``) and the batch's prefill (``ttft_ms``)."""
+    raw = pd.read_csv(folder / "trtllm090_static_batch.csv")
+    raw = raw[raw.gpu.isin(TRT_GPUS) & raw.model.isin(TRT_MODELS) & raw.pp.eq(1)]
+    frames = []
+    for (gpu, model, prec, tp), g in raw.groupby(["gpu", "model", "precision", "tp"], sort=True):
+        d = _deployment(TRT_MODELS[model], TRT_GPUS[gpu], int(tp), prec == "FP8")
+        B, isl, osl = g.batch.to_numpy(float), g.isl.to_numpy(float), g.osl.to_numpy(float)
+        label = d.name
+        dec = pd.DataFrame({"dataset": "trtllm090_static_batch", "kind": "decode step", "group": label,
+                            "x": B, "short": (isl == 128) & (osl == 128), "measured_ms": g.t2t_ms.to_numpy(),
+                            "context": isl + osl / 2})
+        frames.append(_rows(dec, _step_terms(d, B, 0 * B, B * (isl + osl / 2), 0 * B)))
+        pre = pd.DataFrame({"dataset": "trtllm090_static_batch", "kind": "prefill", "group": label,
+                            "x": B * isl, "short": isl == 128, "measured_ms": g.ttft_ms.to_numpy(), "context": isl})
+        frames.append(_rows(pre, _step_terms(d, 0 * B, B * isl, 0 * B, B * isl**2 / 2)))
+    return pd.concat(frames, ignore_index=True).dropna(subset=["measured_ms"])
+
+
+def splitwise(folder: Path = DATA) -> pd.DataFrame:
+    """Splitwise's Llama-2-70B medians: mean decode step (``token_time_ms``) and prefill (``prompt_time_ms``).
+
+    Rows whose end-to-end time disagrees with prefill + tokens x step by more than 10 % are dropped
+    (the dataset's README: early stops).
+    """
+    raw = pd.read_csv(folder / "splitwise_perf_model_medians.csv")
+    raw = raw[raw.model.eq("llama2-70b") & raw.hardware.isin(SPLITWISE_GPUS)]
+    whole = raw.prompt_time_ms + raw.token_size * raw.token_time_ms
+    raw = raw[(whole - raw.e2e_ms).abs() <= 0.1 * raw.e2e_ms]
+    frames = []
+    for (hw, tp), g in raw.groupby(["hardware", "tensor_parallel"], sort=True):
+        d = _deployment("llama-2-70b", SPLITWISE_GPUS[hw], int(tp))
+        B, p, o = g.batch_size.to_numpy(float), g.prompt_size.to_numpy(float), g.token_size.to_numpy(float)
+        short = p == p.min()
+        dec = pd.DataFrame({"dataset": "splitwise_perf_model_medians", "kind": "decode step", "group": d.name,
+                            "x": B, "short": short, "measured_ms": g.token_time_ms.to_numpy(), "context": p + o / 2})
+        frames.append(_rows(dec, _step_terms(d, B, 0 * B, B * (p + o / 2), 0 * B)))
+        pre = pd.DataFrame({"dataset": "splitwise_perf_model_medians", "kind": "prefill", "group": d.name,
+                            "x": B * p, "short": short, "measured_ms": g.prompt_time_ms.to_numpy(), "context": p})
+        frames.append(_rows(pre, _step_terms(d, 0 * B, B * p, 0 * B, B * p**2 / 2)))
+    return pd.concat(frames, ignore_index=True)
+
+
+def vidur(folder: Path = DATA) -> pd.DataFrame:
+    """Vidur's linear operators of one iteration vs tokens: weights streamed plus matrix multiplies."""
+    raw = pd.read_csv(folder / "vidur_linear_ops_per_iteration.csv")
+    raw = raw[raw.gpu.isin(VIDUR_GPUS) & raw.model.isin(VIDUR_MODELS)]
+    frames = []
+    for (gpu, model, tp), g in raw.groupby(["gpu", "model", "tp"], sort=True):
+        d = _deployment(VIDUR_MODELS[model], VIDUR_GPUS[gpu], int(tp))
+        n = g.num_tokens.to_numpy(float)
+        meta = pd.DataFrame({"dataset": "vidur_linear_ops_per_iteration", "kind": "linear layers", "group": d.name,
+                             "x": n, "short": n <= 128, "measured_ms": g.t_lin_ms.to_numpy(), "context": 0.0})
+        t = _step_terms(d, 0 * n, n, 0 * n, 0 * n)
+        frames.append(_rows(meta, {"W": t["W"], "LIN": t["LIN"]}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def _h100_layer(q: int, kv: int, hd: int, tp: int = 1) -> dict[str, float]:
+    """One attention layer of this head layout on an H100, as :meth:`Deployment.unit_seconds` gives it."""
+    layer = ModelCard(name=f"{q}-{kv}-{hd}", params_b=1, layers=1, hidden_size=q * hd, intermediate_size=1,
+                      q_heads=q, kv_heads=kv, head_dim=hd, vocab_size=1)
+    return Deployment(layer, shipped()[0]["H100-SXM"], tp).unit_seconds()
+
+
+def blis_decode(folder: Path = DATA) -> pd.DataFrame:
+    """One layer's decode attention on an H100 vs batch and KV length (the warm-up shot of each sweep dropped)."""
+    raw = pd.read_csv(folder / "blis_h100_attention_decode_kernels.csv")
+    frames = []
+    for (q, kv, hd, tp), g in raw.groupby(["q_heads", "kv_heads", "head_dim", "tp"], sort=False):
+        g = g.iloc[1:]
+        kv_s = _h100_layer(q, kv, hd, tp)["KV"]
+        B, L = g.batch_size.to_numpy(float), g.kv_len.to_numpy(float)
+        meta = pd.DataFrame({"dataset": "blis_h100_attention_decode_kernels", "kind": "attention kernel",
+                             "group": f"{q}-{kv}-{hd}/tp{tp}", "x": B, "short": L <= 1024,
+                             "measured_ms": g.latency_us.to_numpy() / 1e3, "context": L})
+        frames.append(_rows(meta, {"LAYERS": 1.0, "KV": B * L * kv_s}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def blis_prefill(folder: Path = DATA) -> pd.DataFrame:
+    """One layer's prefill attention on an H100 vs sequence length."""
+    raw = pd.read_csv(folder / "blis_h100_attention_prefill_kernels.csv")
+    frames = []
+    for (q, kv, hd), g in raw.groupby(["q_heads", "kv_heads", "head_dim"], sort=False):
+        pair_s = _h100_layer(q, kv, hd)["ATTN"]
+        S = g.seq_len.to_numpy(float)
+        meta = pd.DataFrame({"dataset": "blis_h100_attention_prefill_kernels", "kind": "attention kernel",
+                             "group": f"{q}-{kv}-{hd}", "x": S, "short": S <= 4096,
+                             "measured_ms": g.latency_us.to_numpy() / 1e3, "context": S})
+        frames.append(_rows(meta, {"LAYERS": 1.0, "ATTN": S**2 / 2 * pair_s}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def blis_gemm(folder: Path = DATA) -> pd.DataFrame:
+    """GEMM kernels on an H100: an (m x k) by (k x n) product streams k n weights and does 2 m k n FLOPs.
+
+    Read as fp8 (1-byte weights, the fp8 peak): the largest products run at 1.2 PFLOP/s, beyond the
+    bf16 dense peak, and the file's ``mfu`` column implies a 1979 TFLOP/s peak, the fp8 one.
+    """
+    raw = pd.read_csv(folder / "blis_h100_gemm_kernels.csv")
+    gpu = shipped()[0]["H100-SXM"]
+    m, k, n = (raw[c].to_numpy(float) for c in ("m", "k", "n"))
+    meta = pd.DataFrame({"dataset": "blis_h100_gemm_kernels", "kind": "matrix multiply",
+                         "group": [f"{a:.0f}x{b:.0f}" for a, b in zip(k, n, strict=True)], "x": m, "short": m <= 128,
+                         "measured_ms": raw.latency_us.to_numpy() / 1e3, "context": 0.0})
+    return _rows(meta, {"W": k * n / (gpu.memory_bandwidth_gb_s * 1e9),
+                        "LIN": 2 * m * k * n / (gpu.fp8_tflops * 1e12)})
+
+
+LOADERS = (trtllm, splitwise, vidur, blis_decode, blis_prefill, blis_gemm)
+
+
+def load_all(folder: Path = DATA) -> pd.DataFrame:
+    """Every dataset's rows, in one frame (FileNotFoundError naming the folder when it is absent)."""
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: the measured data are not there; they live in ../shared/data/hardware "
+                                "beside the repository")
+    return pd.concat([load(folder) for load in LOADERS], ignore_index=True)
+
+
+def predict_ms(rows: pd.DataFrame, eff: Efficiency) -> np.ndarray:
+    """Each row's time under ``eff``, ms."""
+    return 1e3 * eff.seconds(**{t: rows[t].to_numpy() for t in TERMS})
+
+
+def _per_group(rows: pd.DataFrame, design, calibrate_on) -> np.ndarray:
+    """Each row's time under a model fitted per configuration (least relative squares, coefficients >= 0).
+
+    ``design(frame)`` gives the model's columns, ``calibrate_on(frame)`` the rows it is fitted to."""
+    out = np.full(len(rows), np.nan)
+    for _, idx in rows.groupby(["dataset", "kind", "group"], sort=False).indices.items():
+        g = rows.iloc[idx]
+        cal = calibrate_on(g)
+        if not cal.any():
+            continue
+        X = design(g)
+        X = X[:, np.abs(X[cal.to_numpy()]).sum(axis=0) > 0]
+        y = g.measured_ms.to_numpy(float)[cal.to_numpy()]
+        coef = nnls(X[cal.to_numpy()] / y[:, None], np.ones_like(y))[0]  # relative error, as calibrate fits
+        out[idx] = X @ coef
+    return out
+
+
+def plain_ms(rows: pd.DataFrame) -> np.ndarray:
+    """Each row's time under ``tau0 + beta*x`` fitted to its configuration's short rows: today's model,
+    calibrated as one would at short context (``x`` the batch, or the prefill tokens)."""
+    return _per_group(rows, lambda g: np.column_stack([np.ones(len(g)), g.x.to_numpy(float)]), lambda g: g.short)
+
+
+def fitted_ms(rows: pd.DataFrame) -> np.ndarray:
+    """Each row's time under the five-cost model fitted to all its configuration's rows (as
+    ``simbatch calibrate`` fits per-step data): a constant, and the B, P, K and A terms."""
+    return _per_group(rows, lambda g: np.column_stack([np.ones(len(g)), *(g[t].to_numpy(float)
+                                                                         for t in ("DEC", "LIN", "KV", "ATTN"))]),
+                      lambda g: g.measured_ms.notna())
