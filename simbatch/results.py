@@ -16,6 +16,7 @@ Layout of one run::
     requests.csv           one row per request      (+ requests.parquet when pyarrow is installed)
     iterations.csv         one row per run of steps (+ iterations.parquet)
     plots/*.png
+    trace.json             with --trace: a Chrome trace of steps and requests (simbatch.perfetto)
 
 A comparison holds one such folder per mode (without plots) and overlay plots at the top; its
 ``scenario.yaml`` is the first mode's (``simbatch compare`` sets the mode of each column itself).
@@ -46,6 +47,7 @@ import yaml
 from simbatch import __version__, plots
 from simbatch.config import Scenario
 from simbatch.errors import OutputError  # noqa: F401 - raised here, caught by the command line
+from simbatch.perfetto import TraceObserver, write_trace
 from simbatch.simulation import Result
 from simbatch.text import spreadsheet_safe_frame
 
@@ -277,15 +279,19 @@ def _write_provenance(folder: Path, scenario: Scenario) -> None:
     _write_json(folder / "run.json", run_record(scenario))
 
 
-def write_run(folder: Path, result: Result, unique: bool = False, with_plots: bool = True) -> Path:
+def write_run(folder: Path, result: Result, unique: bool = False, with_plots: bool = True,
+              trace: TraceObserver | None = None) -> Path:
     """Write one run's result folder at ``folder`` (atomically); returns where it went.
 
     ``unique``: ``folder`` is a default name, and another free name will do if it is taken meanwhile.
     ``with_plots``: False writes the frames and summary only.
+    ``trace``: the observer that watched the run, to write ``trace.json`` from (:mod:`simbatch.perfetto`).
     """
     with atomic_folder(folder, unique) as target:
         _write_provenance(target.tmp, result.scenario)
         _write_run_files(target.tmp, result)
+        if trace is not None:
+            write_trace(target.tmp / "trace.json", result, trace)
         if with_plots:
             (target.tmp / "plots").mkdir()
             plots.save_run_plots(target.tmp / "plots", result)
