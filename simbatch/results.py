@@ -16,9 +16,10 @@ Layout of one run::
     requests.csv           one row per request      (+ requests.parquet when pyarrow is installed)
     iterations.csv         one row per run of steps (+ iterations.parquet)
     plots/*.png
+    report.html            the interactive report (simbatch.webreport; `simbatch view FOLDER` opens it)
     trace.json             with --trace: a Chrome trace of steps and requests (simbatch.perfetto)
 
-A comparison holds one such folder per mode (without plots) and overlay plots at the top; its
+A comparison holds one such folder per mode (without plots) and overlay plots and the report at the top; its
 ``scenario.yaml`` is the first mode's (``simbatch compare`` sets the mode of each column itself).
 """
 
@@ -50,6 +51,7 @@ from simbatch.errors import OutputError  # noqa: F401 - raised here, caught by t
 from simbatch.perfetto import TraceObserver, write_trace
 from simbatch.simulation import Result
 from simbatch.text import spreadsheet_safe_frame
+from simbatch.webreport import write_report
 
 RESULTS_ROOT = Path("results")
 _NAME_LENGTH = 64
@@ -295,6 +297,8 @@ def write_run(folder: Path, result: Result, unique: bool = False, with_plots: bo
         if with_plots:
             (target.tmp / "plots").mkdir()
             plots.save_run_plots(target.tmp / "plots", result)
+            sc = result.scenario
+            write_report(target.tmp / "report.html", {sc.batching.mode: result}, f"simbatch run: {sc.name}")
     return target.folder
 
 
@@ -311,4 +315,6 @@ def write_compare(folder: Path, results: Mapping[str, Result], unique: bool = Fa
         if with_plots:
             (tmp / "plots").mkdir()
             plots.save_compare_plots(tmp / "plots", results)
+            write_report(tmp / "report.html", results,
+                         f"simbatch compare: {next(iter(results.values())).scenario.name}, {', '.join(results)}")
     return target.folder
