@@ -7,6 +7,7 @@
     simbatch capacity [SCENARIO.yaml] the analytic throughput model
     simbatch sweep SCENARIO.yaml      a grid of parameters x replications, locally or on Dask
     simbatch capacity-search ...      the highest arrival rate that meets the SLOs
+    simbatch view RESULT_DIR          open a result folder's report.html (or serve it on localhost)
 
 Each command lives in its own module; this one only assembles them.
 """
@@ -25,6 +26,7 @@ try:
     from simbatch.cli.inspect import schema, validate
     from simbatch.cli.run import compare, run
     from simbatch.cli.sweep import register as register_sweep
+    from simbatch.cli.view import view
 except KeyboardInterrupt:
     sys.stderr.write("interrupted\n")
     sys.exit(130)
@@ -39,6 +41,7 @@ app = typer.Typer(
 for command in (run, compare, validate, schema, capacity):
     app.command()(command)
 register_sweep(app)
+app.command()(view)
 
 
 def _version(value: bool) -> None:
