@@ -77,11 +77,11 @@ class _Life:
 
     __slots__ = ("prompt", "computed", "generated", "preemptions", "phase", "since_ns", "phases")
 
-    def __init__(self, prompt: int, t_ns: int, keep: bool):
+    def __init__(self, prompt: int, t_ns: int):
         self.prompt = prompt
         self.computed = self.generated = self.preemptions = 0
         self.phase, self.since_ns = QUEUED, t_ns
-        self.phases: list[tuple[str, int, int]] | None = [] if keep else None
+        self.phases: list[tuple[str, int, int]] = []
 
     def decoding(self) -> bool:
         return self.generated >= 1 and self.computed == self.prompt + self.generated - 1
@@ -92,8 +92,7 @@ class _Life:
             self.phase, self.since_ns = phase, t_ns
 
     def close(self, t_ns: int) -> None:
-        if self.phases is not None:
-            self.phases.append((self.phase, self.since_ns, t_ns))
+        self.phases.append((self.phase, self.since_ns, t_ns))
 
 
 class TraceObserver(Observer):
@@ -126,13 +125,17 @@ class TraceObserver(Observer):
         return False
 
     def arrival(self, t_s: float, request: Request) -> None:
-        keep = self._seen(request.request_id, t_s)
-        self._live[request.request_id] = _Life(request.prompt_tokens, to_ns(t_s), keep)
+        # Requests arrive in id order, so once the window has closed no later arrival is in it, and
+        # the observer stops following requests (its cost ends with the window's last request).
+        if self._seen(request.request_id, t_s):
+            self._live[request.request_id] = _Life(request.prompt_tokens, to_ns(t_s))
 
     def rejection(self, t_s: float, request_id: int, reason: str) -> None:
         self._seen(request_id, t_s)
 
     def steps(self, replica: int, start_s: float, step_s: float, count: int, plan: StepPlan, done: bool) -> None:
+        if not self._live:
+            return  # nobody to follow: the window has closed and its requests have left
         start_ns = to_ns(start_s)
         end_ns = start_ns + count * to_ns(step_s)
         running = self._running.setdefault(replica, {})
@@ -152,7 +155,10 @@ class TraceObserver(Observer):
         for req, tokens in members:
             life = running.get(req)
             if life is None:
-                life = running[req] = self._live[req.request_id]
+                life = self._live.get(req.request_id)
+                if life is None:
+                    continue  # arrived after the window closed
+                running[req] = life
             if req.num_preemptions > life.preemptions:
                 # Preempted and admitted again while this very step was planned (the preemptions left
                 # nothing running): a preempted phase of no length. Its tokens: kept by a swap, else
@@ -181,14 +187,14 @@ class TraceObserver(Observer):
     def completion(self, t_s: float, requests: list[Request]) -> None:
         t_ns = to_ns(t_s)
         for req in requests:
-            life = self._live.pop(req.request_id)
-            self._running.get(req.replica, {}).pop(req, None)
-            self._retire(req.request_id, req.replica, life, t_ns)
+            life = self._live.pop(req.request_id, None)
+            if life is not None:
+                self._running[req.replica].pop(req, None)
+                self._retire(req.request_id, req.replica, life, t_ns)
 
     def _retire(self, request_id: int, replica: int, life: _Life, t_ns: int) -> None:
         life.close(t_ns)
-        if life.phases is not None:
-            self.lives[request_id] = (replica, life.phases)
+        self.lives[request_id] = (replica, life.phases)
 
     def end(self, end_s: float, replicas: dict[int, int]) -> None:
         """The run is over at ``end_s``: close the phases of requests still in the system.
