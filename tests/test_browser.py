@@ -91,3 +91,30 @@ def test_the_report_renders_offline_in_chromium(report, tmp_path):
         shot = tmp_path / "report.png"
         browser.save_screenshot(str(shot))
         assert shot.read_bytes().startswith(b"\x89PNG") and shot.stat().st_size > 20_000
+
+
+def test_the_explorer_redraws_when_a_knob_moves(tmp_path):
+    import threading
+
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from simbatch.explore import make_server
+
+    server = make_server(SCENARIOS / "heavy_tail.yaml")
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        with headless.chromium(1400, 1000) as browser:
+            browser.get(f"http://127.0.0.1:{server.server_port}/")
+            has_gantt = "return Bokeh.documents.some(d => d.get_model_by_name(arguments[0]) !== null)"
+            WebDriverWait(browser, 30).until(lambda b: b.execute_script(has_gantt, "gantt:continuous"))
+            browser.execute_script("const s = document.querySelector('select[name=mode]'); s.value = 'static';"
+                                   "s.dispatchEvent(new Event('change', {bubbles: true}));")
+            WebDriverWait(browser, 30).until(lambda b: b.execute_script(has_gantt, "gantt:static"))
+            WebDriverWait(browser, 30).until(lambda b: b.execute_script(READY))
+            assert not browser.execute_script(has_gantt, "gantt:continuous")  # the old plots are gone
+            assert "mean_ttft_ms" in browser.find_element("id", "summary").text
+            assert [e["message"] for e in browser.get_log("browser") if e["level"] in ("SEVERE", "WARNING")] == []
+            browser.save_screenshot(str(tmp_path / "explore.png"))
+    finally:
+        server.shutdown()
+        server.server_close()

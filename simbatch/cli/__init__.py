@@ -8,6 +8,7 @@
     simbatch sweep SCENARIO.yaml      a grid of parameters x replications, locally or on Dask
     simbatch capacity-search ...      the highest arrival rate that meets the SLOs
     simbatch view RESULT_DIR          open a result folder's report.html (or serve it on localhost)
+    simbatch explore SCENARIO.yaml    sliders that re-simulate a scenario, on a localhost page
 
 Each command lives in its own module; this one only assembles them.
 """
@@ -23,6 +24,7 @@ try:
 
     from simbatch import __version__
     from simbatch.cli.capacity import capacity
+    from simbatch.cli.explore import explore
     from simbatch.cli.inspect import schema, validate
     from simbatch.cli.run import compare, run
     from simbatch.cli.sweep import register as register_sweep
@@ -42,6 +44,7 @@ for command in (run, compare, validate, schema, capacity):
     app.command()(command)
 register_sweep(app)
 app.command()(view)
+app.command()(explore)
 
 
 def _version(value: bool) -> None:

@@ -36,17 +36,22 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         """No line per request: the terminal shows the URL and nothing else."""
 
 
-def serve(folder: Path) -> None:
-    """Serve ``folder`` on 127.0.0.1 at a free port until Ctrl-C; print the report's URL first."""
-    handler = functools.partial(_QuietHandler, directory=str(folder))
-    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
-        url = f"http://127.0.0.1:{server.server_port}/report.html"
-        typer.echo(f"Serving {printable(folder)} at {url}  (Ctrl-C stops)")
+def serve_until_stopped(server: http.server.HTTPServer, what: str, path: str) -> None:
+    """Print ``what``'s URL (``path`` on the server), then serve until Ctrl-C, which ends it at once."""
+    with server:
+        url = f"http://127.0.0.1:{server.server_port}/{path}"
+        typer.echo(f"Serving {what} at {url}  (Ctrl-C stops)")
         sys.stdout.flush()
         try:
             server.serve_forever(poll_interval=POLL_S)
         except KeyboardInterrupt:
             typer.echo("stopped")
+
+
+def serve(folder: Path) -> None:
+    """Serve ``folder`` on 127.0.0.1 at a free port until Ctrl-C; print the report's URL first."""
+    handler = functools.partial(_QuietHandler, directory=str(folder))
+    serve_until_stopped(http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler), printable(folder), "report.html")
 
 
 FOLDER_ARG = typer.Argument(..., metavar="RESULT_DIR", show_default=False,
