@@ -41,7 +41,7 @@ OUT_OPT = typer.Option(None, "--out", metavar="DIR",
 QUIET_OPT = typer.Option(False, "--quiet", "-q", help="Print only the result folder's path; no progress bar.")
 
 
-NO_PLOTS_OPT = typer.Option(False, "--no-plots", help="Write no plots (batch use: faster, smaller folders).")
+NO_PLOTS_OPT = typer.Option(False, "--no-plots", help="Write no plots and no report.html (batch use: faster, smaller folders).")
 TRACE_OPT = typer.Option(False, "--trace", help="Also write trace.json, a Chrome trace of every step and request "
                                                 "(open it in ui.perfetto.dev or chrome://tracing).")
 TRACE_MAX_OPT = typer.Option(None, "--trace-max-requests", metavar="N", show_default=False,
