@@ -2,7 +2,8 @@
 
 The trace answers *why* a percentile is bad: which requests rode in which step, where a prefill
 stalled the decodes, when the cache filled and preemptions began. Its layout, one process per
-replica (``pid`` = replica + 1; ``pid`` 0 holds the requests the cluster turned away unrouted):
+replica (``pid`` = replica + 1; one more, ``pid`` = replicas + 1, holds the requests the cluster turned
+away before routing them):
 
 - thread 0, ``steps``: one complete slice (``ph: "X"``) per row of the iterations frame, that is per
   run of identical consecutive steps (with ``sim.fast_forward``, the default, the engine reports such
@@ -313,11 +314,11 @@ def trace_events(result: Result, observer: TraceObserver) -> list[dict]:
         rejected = rejected[rejected["request_id"] < observer.max_requests]
     for request_id, replica, t_s, reason in zip(rejected["request_id"].tolist(), rejected["replica"].tolist(),
                                                  rejected["arrival_s"].tolist(), rejected["reason"].tolist(), strict=True):
-        pid = replica + 1
+        pid = replica + 1 if replica >= 0 else replicas + 1  # Perfetto keeps pid 0 for the kernel's idle task
         if (pid, REJECTIONS_TID) not in named:
             named.add((pid, REJECTIONS_TID))
-            if pid == 0:
-                meta += _meta(0, None, "cluster (turned away before routing)")
+            if replica < 0:
+                meta += _meta(pid, None, "cluster (turned away before routing)")
             meta += _meta(pid, REJECTIONS_TID, "rejections")
         events.append({"ph": "i", "s": "t", "pid": pid, "tid": REJECTIONS_TID, "name": "rejected",
                        "ts": us(to_ns(t_s)), "args": {"request_id": request_id, "reason": reason}})

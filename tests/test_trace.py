@@ -162,3 +162,15 @@ def test_a_bad_trace_cap_is_one_line_and_writes_nothing(tmp_path):
     assert result.exit_code == 2
     assert result.stderr == "--trace-max-requests 0: must be at least 1, e.g. --trace-max-requests 10000\n"
     assert not out.exists()
+
+
+def test_once_the_windows_requests_have_left_the_observer_does_nothing():
+    _, observer, _ = traced(variant(True, sim__max_time_s=None), max_requests=10)
+
+    class Untouchable:
+        @property
+        def scheduled(self):
+            raise AssertionError("the observer read a step after its window")
+
+    observer.steps(0, 100.0, 0.01, 5, Untouchable(), True)
+    assert sorted(observer.lives) == list(range(10))
