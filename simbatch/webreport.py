@@ -151,92 +151,121 @@ def _fleet_blocks(run) -> int | None:
     return None if scenario is None else sum(s.kv_cache.num_blocks for s in replica_scenarios(scenario))
 
 
-def build(runs: Mapping[str, object], title: str):
-    """The page's Bokeh layout (see the module docstring)."""
-    from bokeh.layouts import column, row
-    from bokeh.models import ColumnDataSource, Div, HoverTool, Range1d
+def _figure(title: str, **options):
+    """A Bokeh figure with the page's size and tools (pan and wheel zoom along time)."""
     from bokeh.plotting import figure
 
-    colors = dict(zip(runs, RUN_COLORS * (len(runs) // len(RUN_COLORS) + 1), strict=False))
-    timed = {label: r for label, r in runs.items()
-             if _has(r.requests, "arrival_s", "first_scheduled_s", "first_token_s", "finish_s") and r.iterations is not None}
-    end_s = max([_end_s(r) for r in timed.values()], default=1.0) or 1.0
-    x_range = Range1d(0.0, end_s * 1.01, bounds=(0.0, end_s * 1.05))
-    notes, items = [], []
-    for label, run in timed.items():
-        shown, stride = sampled(run.requests)
-        data = gantt_data(shown, _end_s(run))
-        ids = data["request_id"]
-        n_admitted = int((run.requests["status"].astype(str) != "rejected").sum())
-        if stride > 1:
-            notes.append(f"{label}: the timeline shows {len(shown):,} of {n_admitted:,} requests (one in {stride}, by "
-                         f"arrival); the time series and distributions use them all.")
-        lo, hi = (int(ids.min()), int(ids.max())) if len(ids) else (0, 1)
-        p = figure(title=f"{label}: requests (bar per phase: queued, prefill, decode)", x_range=x_range,
-                   y_range=Range1d(hi + 1, lo - 1), height=min(520, 160 + 2 * len(shown)), width=WIDTH,
-                   x_axis_label="time (s)", y_axis_label="request id", tools="xpan,xwheel_zoom,box_zoom,reset,save",
-                   active_scroll="xwheel_zoom", sizing_mode="stretch_width")
-        source = ColumnDataSource(data, name=f"gantt:{label}")
-        bars = p.hbar(y="request_id", left="left", right="right", height=0.8, color="color", legend_group="phase",
-                      source=source)
-        p.add_tools(HoverTool(renderers=[bars], tooltips=TOOLTIPS))
-        p.legend.location = "top_right"
-        items.append(p)
-    if timed:
-        pools = {label: pool_series(run, end_s) for label, run in timed.items()}
-        step_s = end_s / SERIES_BINS
-        for what, lines, unit in (("requests running (solid) and waiting (dashed)",
-                                   (("running", "solid"), ("waiting", "dashed")), "requests"),
-                                  ("KV cache in use", (("kv_blocks", "solid"),), "% of device blocks")):
-            p = figure(title=f"{what}, all replicas; means over {step_s * 1e3:,.4g} ms bins", x_range=x_range,
-                       height=260, width=WIDTH, x_axis_label="time (s)", y_axis_label=unit,
-                       tools="xpan,xwheel_zoom,box_zoom,reset,save", active_scroll="xwheel_zoom",
-                       sizing_mode="stretch_width")
-            for label, pool in pools.items():
-                blocks = _fleet_blocks(timed[label])
-                for name, dash in lines:
-                    if name == "kv_blocks" and blocks is None:
-                        continue
-                    scale = 100 / blocks if name == "kv_blocks" else 1
-                    p.step(pool["time_s"], pool[name] * scale, mode="after", color=colors[label], line_dash=dash,
-                           line_width=1.5, legend_label=label if len(lines) == 1 else f"{label} {name}")
-            p.legend.click_policy = "hide"
-            p.legend.location = "top_left"
-            items.append(p)
+    options = {"height": 260, "width": WIDTH, "tools": "xpan,xwheel_zoom,box_zoom,reset,save",
+               "active_scroll": "xwheel_zoom", "sizing_mode": "stretch_width", **options}
+    return figure(title=title, **options)
+
+
+def _gantt(label: str, run, x_range):
+    """One run's timeline (a bar per phase of each request shown), and a note when it is sampled."""
+    from bokeh.models import ColumnDataSource, HoverTool, Range1d
+
+    shown, stride = sampled(run.requests)
+    data = gantt_data(shown, _end_s(run))
+    ids = data["request_id"]
+    lo, hi = (int(ids.min()), int(ids.max())) if len(ids) else (0, 1)
+    p = _figure(f"{label}: requests (bar per phase: queued, prefill, decode)", x_range=x_range,
+                y_range=Range1d(hi + 1, lo - 1), height=min(520, 160 + 2 * len(shown)), x_axis_label="time (s)",
+                y_axis_label="request id")
+    bars = p.hbar(y="request_id", left="left", right="right", height=0.8, color="color", legend_group="phase",
+                  source=ColumnDataSource(data, name=f"gantt:{label}"))
+    p.add_tools(HoverTool(renderers=[bars], tooltips=TOOLTIPS))
+    p.legend.location = "top_right"
+    admitted = int((run.requests["status"].astype(str) != "rejected").sum())
+    note = None if stride == 1 else (f"{label}: the timeline shows {len(shown):,} of {admitted:,} requests (one in "
+                                     f"{stride}, by arrival); the time series and distributions use them all.")
+    return p, note
+
+
+def _pools(timed: Mapping[str, object], colors: dict[str, str], x_range, end_s: float) -> list:
+    """Running and waiting, then KV usage, over time: a line per run (and per pool)."""
+    pools = {label: pool_series(run, end_s) for label, run in timed.items()}
+    figures = []
+    for what, lines, unit in (("requests running (solid) and waiting (dashed)",
+                               (("running", "solid"), ("waiting", "dashed")), "requests"),
+                              ("KV cache in use", (("kv_blocks", "solid"),), "% of device blocks")):
+        p = _figure(f"{what}, all replicas; means over {end_s / SERIES_BINS * 1e3:,.4g} ms bins", x_range=x_range,
+                    x_axis_label="time (s)", y_axis_label=unit)
+        for label, pool in pools.items():
+            blocks = _fleet_blocks(timed[label])
+            for name, dash in lines:
+                if name == "kv_blocks" and blocks is None:
+                    continue  # a run without its scenario: its cache size is unknown
+                scale = 100 / blocks if name == "kv_blocks" else 1
+                p.step(pool["time_s"], pool[name] * scale, mode="after", color=colors[label], line_dash=dash,
+                       line_width=1.5, legend_label=label if len(lines) == 1 else f"{label} {name}")
+        p.legend.click_policy = "hide"
+        p.legend.location = "top_left"
+        figures.append(p)
+    return figures
+
+
+def _histograms(runs: Mapping[str, object], colors: dict[str, str]) -> list:
+    """TTFT, TPOT and ITL distributions, every run overlaid, on shared log-spaced bins."""
+    from bokeh.models import ColumnDataSource, HoverTool
+
     samples = {label: _latency_samples(r) for label, r in runs.items()}
-    hists = []
+    figures = []
     for metric in ("TTFT", "TPOT", "ITL"):
         got = {label: s[metric] for label, s in samples.items() if metric in s and len(s[metric][0])}
         edges = _log_edges([v for v, _ in got.values()])
         if edges is None:
             continue
-        p = figure(title=f"{metric} distribution", x_axis_type="log", height=300, width=WIDTH // 3,
-                   x_axis_label=f"{metric} (ms)", y_axis_label="share", tools="xpan,xwheel_zoom,box_zoom,reset,save",
-                   sizing_mode="stretch_width")
+        p = _figure(f"{metric} distribution", x_axis_type="log", height=300, width=WIDTH // 3,
+                    x_axis_label=f"{metric} (ms)", y_axis_label="share", active_scroll=None)
         for label, (values, weights) in got.items():
-            share = log_histogram(values, weights, edges)
-            src = ColumnDataSource({"left": edges[:-1], "right": edges[1:], "top": share}, name=f"hist:{metric}:{label}")
-            p.quad(left="left", right="right", bottom=0, top="top", source=src, fill_color=colors[label],
+            source = ColumnDataSource({"left": edges[:-1], "right": edges[1:],
+                                       "top": log_histogram(values, weights, edges)}, name=f"hist:{metric}:{label}")
+            p.quad(left="left", right="right", bottom=0, top="top", source=source, fill_color=colors[label],
                    fill_alpha=0.35, line_color=colors[label], legend_label=label)
         p.add_tools(HoverTool(tooltips=[(metric, "@left{0.00} to @right{0.00} ms"), ("share", "@top{0.0%}")]))
         p.legend.click_policy = "hide"
-        hists.append(p)
-    if hists:
+        figures.append(p)
+    return figures
+
+
+def _ttft_by_arrival(timed: Mapping[str, object], colors: dict[str, str], x_range):
+    """A point per finished request (those the timelines show): TTFT against arrival, with the same hover."""
+    from bokeh.models import ColumnDataSource, HoverTool
+
+    p = _figure("TTFT by arrival time (a point per request)", x_range=x_range, y_axis_type="log", height=320,
+                x_axis_label="arrival (s)", y_axis_label="TTFT (ms)")
+    for label, run in timed.items():
+        shown, _ = sampled(run.requests)
+        shown = shown[shown["status"].astype(str) == "finished"]
+        cols = request_columns(shown, _end_s(run)) | {"ttft_ms": shown["ttft_s"].to_numpy(float) * 1e3}
+        dots = p.scatter("arrival_s", "ttft_ms", source=ColumnDataSource(cols, name=f"ttft:{label}"), size=4,
+                         color=colors[label], alpha=0.6, legend_label=label)
+        p.add_tools(HoverTool(renderers=[dots], tooltips=[*TOOLTIPS[:2], ("TTFT", "@ttft_ms{0.0} ms"), *TOOLTIPS[2:]]))
+    p.legend.click_policy = "hide"
+    return p
+
+
+def build(runs: Mapping[str, object], title: str):
+    """The page's Bokeh layout (see the module docstring)."""
+    from bokeh.layouts import column, row
+    from bokeh.models import Div, Range1d
+
+    colors = dict(zip(runs, RUN_COLORS * (len(runs) // len(RUN_COLORS) + 1), strict=False))
+    timed = {label: r for label, r in runs.items()
+             if _has(r.requests, "arrival_s", "first_scheduled_s", "first_token_s", "finish_s") and r.iterations is not None}
+    end_s = max([_end_s(r) for r in timed.values()], default=1.0) or 1.0
+    x_range = Range1d(0.0, end_s * 1.01, bounds=(0.0, end_s * 1.05))  # one time axis for every view
+    items, notes = [], []
+    for label, run in timed.items():
+        p, note = _gantt(label, run, x_range)
+        items.append(p)
+        notes += [note] if note else []
+    if timed:
+        items += _pools(timed, colors, x_range, end_s)
+    if hists := _histograms(runs, colors):
         items.append(row(*hists, sizing_mode="stretch_width"))
     if timed:
-        p = figure(title="TTFT by arrival time (a point per request)", x_range=x_range, y_axis_type="log", height=320,
-                   width=WIDTH, x_axis_label="arrival (s)", y_axis_label="TTFT (ms)",
-                   tools="xpan,xwheel_zoom,box_zoom,reset,save", active_scroll="xwheel_zoom", sizing_mode="stretch_width")
-        for label, run in timed.items():
-            shown, _ = sampled(run.requests)
-            shown = shown[shown["status"].astype(str) == "finished"]
-            cols = request_columns(shown, _end_s(run))
-            cols["ttft_ms"] = shown["ttft_s"].to_numpy(float) * 1e3
-            dots = p.scatter("arrival_s", "ttft_ms", source=ColumnDataSource(cols, name=f"ttft:{label}"), size=4,
-                             color=colors[label], alpha=0.6, legend_label=label)
-            p.add_tools(HoverTool(renderers=[dots], tooltips=[*TOOLTIPS[:2], ("TTFT", "@ttft_ms{0.0} ms"), *TOOLTIPS[2:]]))
-        p.legend.click_policy = "hide"
-        items.append(p)
+        items.append(_ttft_by_arrival(timed, colors, x_range))
     header = f"<h2>{html.escape(title)}</h2>" + "".join(f"<p><i>{html.escape(n)}</i></p>" for n in notes)
     if not items:
         header += "<p>These runs hold no per-request or per-step data to draw.</p>"
