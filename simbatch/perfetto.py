@@ -137,8 +137,7 @@ class TraceObserver(Observer):
     def steps(self, replica: int, start_s: float, step_s: float, count: int, plan: StepPlan, done: bool) -> None:
         if not self._live:
             return  # nobody to follow: the window has closed and its requests have left
-        start_ns = to_ns(start_s)
-        end_ns = start_ns + count * to_ns(step_s)
+        start_ns, step_ns = to_ns(start_s), to_ns(step_s)
         running = self._running.setdefault(replica, {})
         members = plan.scheduled
         present = {req for req, _ in members}
@@ -177,11 +176,11 @@ class TraceObserver(Observer):
                 life.computed += count
                 life.generated += count
                 continue
-            for _ in range(count):
+            for i in range(1, count + 1):
                 life.computed += tokens
                 if life.computed >= life.prompt + life.generated:  # caught up: a token is sampled
                     life.generated += 1
-                    life.enter(DECODE, end_ns)
+                    life.enter(DECODE, start_ns + i * step_ns)  # at the end of that step
         if ids and (self.window_end_ns is None or start_ns < self.window_end_ns):
             self.preempted.append((replica, start_ns, ids))
 
