@@ -175,3 +175,17 @@ def test_once_the_windows_requests_have_left_the_observer_does_nothing():
 
     observer.steps(0, 100.0, 0.01, 5, Untouchable(), True)
     assert sorted(observer.lives) == list(range(10))
+
+
+def test_a_prefill_finishing_inside_a_run_of_steps_turns_to_decode_at_its_steps_end():
+    from types import SimpleNamespace
+
+    from simbatch.request import Request
+
+    observer = TraceObserver(Scenario.model_validate(BUSY))
+    req = Request(0, 0.0, prompt_tokens=4, output_tokens=10, replica=0)
+    observer.arrival(0.0, req)
+    observer.steps(0, 1.0, 0.5, 3, SimpleNamespace(scheduled=[(req, 2)]), True)  # 2 + 2 tokens: done after step 2
+    observer.completion(3.0, [req])
+    ns = 1_000_000_000
+    assert observer.lives[0] == (0, [("queued", 0, ns), ("prefill", ns, 2 * ns), ("decode", 2 * ns, 3 * ns)])
