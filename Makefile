@@ -20,8 +20,13 @@ run: install
 lint: install
 	$(BIN)/ruff check simbatch tests benchmarks scripts
 
+# The tests run on two workers (pytest-xdist; the machines have two cores); TEST_WORKERS=0 runs them in
+# one process. `make validate` stays in one: its report is written from the whole session (it spreads
+# its replications over a process pool itself).
+TEST_WORKERS ?= 2
+
 test: install lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS)
 
 validate: install
 	SIMBATCH_VALIDATION=full $(BIN)/python -m pytest tests/validation -m validation

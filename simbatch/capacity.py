@@ -126,10 +126,10 @@ def stability(device: Device, batch_size: int, arrival_rate: float, mean_output_
     full = min(batch_size, memory_batch)
     tau_full = step_time_s(device, full)
     per_request_s = (math.inf if full == 0 else mean_output_tokens * tau_full / full) + \
-        device.prefill_ms_per_token * mean_prompt_tokens / 1e3
+        device.prefill_s_per_token * mean_prompt_tokens
     rho = arrival_rate * per_request_s / replicas
     w_full = step_time_s(device, full, 0) * mean_output_tokens + \
-        device.prefill_ms_per_token * mean_prompt_tokens / 1e3
+        device.prefill_s_per_token * mean_prompt_tokens
     return Stability(
         arrival_rate=arrival_rate,
         mean_output_tokens=mean_output_tokens,

@@ -29,6 +29,12 @@ Tokens = Annotated[int, Field(gt=0, le=MAX_TOKENS, strict=True)]
 MeanTokens = Annotated[float, Field(gt=0, le=MAX_TOKENS)]
 
 
+def seconds(ms: float | None) -> float | None:
+    """A setting in ms, as the model reads it: in seconds. Scenario files speak milliseconds, the model
+    runs in seconds; the sections' ``*_s`` properties are the one place where one becomes the other."""
+    return None if ms is None else ms / 1e3
+
+
 class _Model(BaseModel):
     # Every number is finite: an infinity or NaN is a typo that would surface much later, in a plot
     # or a verdict. The one setting where infinity means something (rate: inf) says so itself.
@@ -286,6 +292,19 @@ class Device(_Model):
     beta_ms: NonNegFloat = Field(default=0.2, description="Marginal cost per decoding sequence, ms.")
     prefill_ms_per_token: NonNegFloat = Field(default=0.0, description="Cost per prefill token, ms.")
 
+    # The model runs in seconds: the settings in s, converted here and nowhere else (see ``seconds``).
+    @property
+    def tau0_s(self) -> float:
+        return seconds(self.tau0_ms)
+
+    @property
+    def beta_s(self) -> float:
+        return seconds(self.beta_ms)
+
+    @property
+    def prefill_s_per_token(self) -> float:
+        return seconds(self.prefill_ms_per_token)
+
     @model_validator(mode="after")
     def _positive_step(self) -> Device:
         if self.tau0_ms == 0 and self.beta_ms == 0:
@@ -330,6 +349,14 @@ class Batching(_Model):
     max_queue_delay_ms: NonNegFloat = Field(
         default=10.0, description="dynamic: dispatch once the oldest request has waited this long, ms."
     )
+
+    @property
+    def max_wait_s(self) -> float | None:
+        return seconds(self.max_wait_ms)
+
+    @property
+    def max_queue_delay_s(self) -> float:
+        return seconds(self.max_queue_delay_ms)
 
     @model_validator(mode="after")
     def _budget(self) -> Batching:
@@ -449,6 +476,10 @@ class Cluster(_Model):
                              f"which reads no load; remove it or use one of {', '.join(LOAD_ROUTERS)}")
         return self
 
+    @property
+    def signal_delay_s(self) -> float:
+        return seconds(self.signal_delay_ms)
+
 
 class SLO(_Model):
     """Service-level objectives, for goodput (a request counts when it meets every one that is set)."""
@@ -456,6 +487,11 @@ class SLO(_Model):
     ttft_ms: PosFloat | None = Field(default=None, description="Time to first token at most this, ms.")
     tpot_ms: PosFloat | None = Field(default=None, description="Time per output token at most this, ms.")
     e2el_ms: PosFloat | None = Field(default=None, description="End-to-end latency at most this, ms.")
+
+    def limits_s(self) -> dict[str, float]:
+        """The objectives that are set, in seconds, by the requests frame's column they bound."""
+        limits = {"ttft_s": self.ttft_ms, "tpot_s": self.tpot_ms, "e2e_s": self.e2el_ms}
+        return {col: seconds(ms) for col, ms in limits.items() if ms is not None}
 
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")

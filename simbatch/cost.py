@@ -65,7 +65,7 @@ def decode_throughput(device: Device, batch_size: int | float) -> float:
 
 def roofline_tokens_per_s(device: Device) -> float:
     """The limit of B / tau(B) as B grows: 1 / beta (infinite when beta is 0)."""
-    return math.inf if device.beta_ms == 0 else 1e3 / device.beta_ms
+    return math.inf if device.beta_ms == 0 else 1 / device.beta_s
 
 
 def batch_for_fraction(device: Device, fraction: float) -> float:

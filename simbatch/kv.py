@@ -1,17 +1,26 @@
 """The paged KV cache: fixed-size blocks on the device and, for swap preemption, on the host.
 
-Blocks are interchangeable (paging leaves no external fragmentation), so the pool only counts them;
-each request records how many it holds. :class:`KVCacheManager` is the only writer of both pools and
-of every request's block counts: schedulers ask it to grow, release, swap or reserve, and allocation
-answers True/False, never raising: running out of memory is a scheduling decision (preempt, or
-wait), not an error. (A lockstep scheduler's decoding requests hold their blocks through it too, in
-bulk; their counts are derived from their position, see :mod:`simbatch.schedulers.lockstep`.)
+Every block has an identity, a number in ``0 .. num_blocks - 1``; a request holds a list of them
+(:attr:`~simbatch.request.Request.block_ids`). Which blocks a request gets does not change a run's
+timing today (paging leaves no external fragmentation, so only counts matter), but identities are
+what prefix caching shares and what a trace can show. Free blocks are handed out in vLLM's order:
+the never-used ones by number, then freed ones in the order they were freed (a cached block is
+reused as late as possible).
 
-Invariant, checked by :meth:`KVCacheManager.check_conservation` at every step of the tests:
-``device.num_free + sum(held by requests) == num_blocks`` and likewise for the swap pool.
+:class:`KVCacheManager` is the only writer of both pools and of every request's blocks: schedulers
+ask it to allocate slots, release, swap or reserve, and allocation answers with the new blocks or
+None, never raising: running out of memory is a scheduling decision (preempt, or wait), not an
+error. (A lockstep scheduler holds the newest blocks of its decoding requests in bulk, on their
+behalf, and hands each member its own when it leaves the group; see
+:mod:`simbatch.schedulers.lockstep`.)
+
+Invariant, checked by :meth:`KVCacheManager.check_conservation` at every step of the tests: every
+block is free or held, never both, never twice, on the device and on the host alike.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
 
 from simbatch.config import KVCache
 from simbatch.request import Request
@@ -32,61 +41,94 @@ def peak_kv_tokens(prompt_tokens: int, output_tokens: int) -> int:
 
 
 class BlockPool:
-    """A counter of free blocks out of ``num_blocks``."""
+    """Blocks ``0 .. num_blocks - 1`` and the queue of free ones.
 
-    __slots__ = ("num_blocks", "num_free")
+    Never-used blocks are not listed (a pool of millions costs nothing until used): they are the
+    numbers from ``_next_unused`` up, handed out first and in order; freed blocks join the end of
+    ``_freed``, which is handed out from ``_head`` on.
+    """
+
+    __slots__ = ("num_blocks", "num_free", "_next_unused", "_freed", "_head")
 
     def __init__(self, num_blocks: int):
         self.num_blocks = num_blocks
         self.num_free = num_blocks
+        self._next_unused = 0
+        self._freed: list[int] = []
+        self._head = 0
 
     @property
     def num_used(self) -> int:
         return self.num_blocks - self.num_free
 
-    def allocate(self, n: int) -> bool:
+    def allocate(self, n: int) -> list[int] | None:
+        """``n`` free blocks, or None (and no change) if fewer are free."""
         if n > self.num_free:
-            return False
+            return None
         self.num_free -= n
-        return True
+        first = self._next_unused
+        if first < self.num_blocks:  # some never used: those first
+            unused = min(n, self.num_blocks - first)
+            self._next_unused = first + unused
+            ids = list(range(first, first + unused))
+            if unused == n:
+                return ids
+            n -= unused
+        else:
+            ids = []
+        head = self._head
+        ids += self._freed[head:head + n]
+        head += n
+        if 2 * head >= len(self._freed):  # drop the handed-out prefix once it is half the list
+            del self._freed[:head]
+            head = 0
+        self._head = head
+        return ids
 
-    def free(self, n: int) -> None:
-        self.num_free += n
+    def free(self, ids: Sequence[int]) -> None:
+        self._freed.extend(ids)
+        self.num_free += len(ids)
         assert self.num_free <= self.num_blocks, "freed more blocks than were allocated"
+
+    def free_ids(self) -> list[int]:
+        """Every free block (for checks: O(num_blocks))."""
+        return [*range(self._next_unused, self.num_blocks), *self._freed[self._head:]]
 
 
 class KVCacheManager:
-    """Device and host pools plus the per-request bookkeeping of who holds what."""
+    """Device and host pools plus the per-request bookkeeping of who holds which blocks."""
 
-    __slots__ = ("block_size", "device", "host")
+    __slots__ = ("block_size", "device", "host", "_num_checks")
 
     def __init__(self, cfg: KVCache):
         self.block_size = cfg.block_size
         self.device = BlockPool(cfg.num_blocks)
         self.host = BlockPool(cfg.swap_blocks)
+        self._num_checks = 0
 
     def blocks_for(self, tokens: int) -> int:
         return blocks_for(tokens, self.block_size)
 
-    def extra_blocks(self, req: Request, tokens: int) -> int:
-        """Blocks ``req`` must add to hold ``tokens`` tokens (0 when it already can)."""
-        return max(blocks_for(tokens, self.block_size) - req.blocks, 0)
+    def num_blocks_to_allocate(self, req: Request, num_new_tokens: int) -> int:
+        """Blocks ``req`` must add to compute ``num_new_tokens`` more tokens (0 when it already can)."""
+        return max(blocks_for(req.num_computed_tokens + num_new_tokens, self.block_size) - req.blocks, 0)
 
-    def grow(self, req: Request, tokens: int) -> bool:
-        """Make ``req`` hold ``tokens`` tokens on the device; False (and no change) if blocks are short."""
-        need = blocks_for(tokens, self.block_size) - req.blocks
+    def allocate_slots(self, req: Request, num_new_tokens: int) -> list[int] | None:
+        """Room on the device for ``req`` to compute ``num_new_tokens`` more tokens: the blocks it
+        added (none when it had room), or None (and no change) if blocks are short."""
+        need = blocks_for(req.num_computed_tokens + num_new_tokens, self.block_size) - req.blocks
         if need <= 0:
-            return True
-        if not self.device.allocate(need):
-            return False
-        req.blocks += need
-        return True
+            return []
+        ids = self.device.allocate(need)
+        if ids is not None:
+            _give(req, ids)
+        return ids
 
     def release(self, req: Request) -> int:
         """Free every device block ``req`` holds; returns how many."""
-        n, req.blocks = req.blocks, 0
-        self.device.free(n)
-        return n
+        ids, req.block_ids = req.block_ids, ()
+        self.device.free(ids)
+        return len(ids)
 
     def swap_out(self, req: Request) -> bool:
         """Move the blocks of ``req``'s computed tokens to the host; False (and no change) if the host
@@ -96,53 +138,91 @@ class KVCacheManager:
         (a prefill chunk, the next decode token) hold nothing yet and are simply freed: moving them
         would make the request need more device blocks to return than its admission check counts.
         """
-        keep = blocks_for(req.num_computed_tokens, self.block_size)
-        if not self.host.allocate(keep):
+        host_ids = self.host.allocate(blocks_for(req.num_computed_tokens, self.block_size))
+        if host_ids is None:
             return False
-        self.device.free(req.blocks)
-        req.swapped_blocks, req.blocks = keep, 0
+        self.release(req)
+        req.host_block_ids = host_ids
         return True
 
-    def grow_together(self, wants: list[tuple[Request, int]], group_blocks: int = 0) -> bool:
-        """All or nothing: each ``(request, tokens)`` grown to hold its tokens, plus ``group_blocks`` for
-        a lockstep group, when the free blocks cover them all; False (and no change) otherwise."""
-        extra = [max(blocks_for(tokens, self.block_size) - req.blocks, 0) for req, tokens in wants]
-        if not self.device.allocate(group_blocks + sum(extra)):
+    def swap_in(self, req: Request) -> bool:
+        """Move ``req``'s host blocks back to the device; False (and no change) if the device is short."""
+        ids = self.device.allocate(len(req.host_block_ids))
+        if ids is None:
             return False
+        self.host.free(req.host_block_ids)
+        req.block_ids, req.host_block_ids = ids, ()
+        return True
+
+    def allocate_together(self, wants: list[tuple[Request, int]], group_blocks: int = 0) -> list[int] | None:
+        """All or nothing: room for each ``(request, num_new_tokens)``, plus ``group_blocks`` for a
+        lockstep group, when the free blocks cover them all; the group's blocks, or None (and no
+        change) otherwise."""
+        extra = [self.num_blocks_to_allocate(req, n) for req, n in wants]
+        ids = self.device.allocate(group_blocks + sum(extra))
+        if ids is None:
+            return None
+        at = group_blocks
         for (req, _), e in zip(wants, extra, strict=True):
             if e:
-                req.blocks += e
-        return True
+                _give(req, ids[at:at + e])
+                at += e
+        return ids[:group_blocks]
 
-    def allocate_group(self, n: int) -> bool:
-        """``n`` blocks for a lockstep group's members (which the group attributes to them itself)."""
+    def allocate_group(self, n: int) -> list[int] | None:
+        """``n`` blocks for a lockstep group's members, which the group holds for them."""
         return self.device.allocate(n)
 
     def reserve_batch(self, batch: list[Request], blocks: int) -> bool:
-        """A request-level batch's memory, reserved whole at its start and attributed to its slots as
-        evenly as it divides (so conservation holds per request); False if the blocks are short."""
-        if not self.device.allocate(blocks):
+        """A request-level batch's memory, reserved whole at its start and shared among its slots as
+        evenly as it divides (so every block has one holder); False if the blocks are short."""
+        ids = self.device.allocate(blocks)
+        if ids is None:
             return False
         share, extra = divmod(blocks, len(batch))
+        at = 0
         for i, req in enumerate(batch):
-            req.blocks = share + (1 if i < extra else 0)
+            n = share + (1 if i < extra else 0)
+            req.block_ids, at = ids[at:at + n], at + n
         return True
 
     def release_batch(self, batch: list[Request]) -> int:
         """Free every block a batch's slots hold; returns how many."""
         return sum(self.release(req) for req in batch)
 
-    def check_conservation(self, device_holders, host_holders) -> None:
-        """AssertionError unless every block is free or held: device and host pools alike."""
-        held = sum(r.blocks for r in device_holders)
-        assert self.device.num_free + held == self.device.num_blocks, "device blocks not conserved"
-        swapped = sum(r.swapped_blocks for r in host_holders)
-        assert self.host.num_free + swapped == self.host.num_blocks, "host blocks not conserved"
+    def check_conservation(self, device_holders: Iterable[Request], host_holders: Iterable[Request],
+                           held_for_members: Sequence[int] = ()) -> None:
+        """AssertionError unless every block is free or held, once: device and host pools alike.
 
-    def swap_in(self, req: Request) -> bool:
-        """Move ``req``'s host blocks back to the device; False (and no change) if the device is short."""
-        if not self.device.allocate(req.swapped_blocks):
-            return False
-        self.host.free(req.swapped_blocks)
-        req.blocks, req.swapped_blocks = req.swapped_blocks, 0
-        return True
+        ``held_for_members``: blocks a lockstep group holds on its members' behalf. A request's
+        count (``blocks``) must agree with the blocks held for it. Counts are checked every time;
+        identities (no block held twice, none both held and free) cost O(num_blocks), so a pool
+        of more than ``FULL_CHECK_BLOCKS`` has them checked at every ``FULL_CHECK_EVERY``-th call.
+        """
+        device_holders, host_holders = list(device_holders), list(host_holders)
+        held = [i for r in device_holders for i in r.block_ids] + list(held_for_members)
+        assert sum(r.blocks for r in device_holders) == len(held), "block counts disagree with the blocks held"
+        host_held = [i for r in host_holders for i in r.host_block_ids]
+        self._num_checks += 1
+        for pool, ids, name in ((self.device, held, "device"), (self.host, host_held, "host")):
+            assert len(ids) + pool.num_free == pool.num_blocks, f"{name} blocks not conserved"
+            if pool.num_blocks <= FULL_CHECK_BLOCKS or self._num_checks % FULL_CHECK_EVERY == 1:
+                _check_identities(pool, ids, name)
+
+
+FULL_CHECK_BLOCKS = 1024
+FULL_CHECK_EVERY = 64
+
+
+def _give(req: Request, ids: list[int]) -> None:
+    """Add ``ids`` to the blocks ``req`` holds (a list of its own the first time: it held the shared ())."""
+    if req.block_ids:
+        req.block_ids += ids
+    else:
+        req.block_ids = ids.copy()  # not the caller's list: the request's grows
+
+
+def _check_identities(pool: BlockPool, held: list[int], name: str) -> None:
+    free = pool.free_ids()
+    assert len(free) == pool.num_free, f"{name} free count disagrees with the free queue"
+    assert set(held) | set(free) == set(range(pool.num_blocks)), f"{name} block held twice, or held and free"

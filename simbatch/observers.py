@@ -1,9 +1,10 @@
 """Watching a run as it goes: the engine's events, for whoever subscribes.
 
 ``simulate(scenario, observers=[...])`` calls every observer's methods at the instants things
-happen, in simulation order. An observer overrides the methods it wants; the others do nothing.
-The recorder, which builds the frames and the summary, sees the same events; an observer is for
-what the frames do not keep: a trace of which requests rode in which step, a live view.
+happen, in simulation order. An observer overrides the methods it wants; the others do nothing
+(and one that does not override ``steps`` costs nothing per step). The recorder, which builds the
+frames and the summary, is the first observer of every run (:mod:`simbatch.metrics.recorder`);
+another is for what the frames do not keep: a trace of which requests rode in which step, a live view.
 
 Steps come as *runs*: ``steps(..., count, plan, done)`` is ``count`` identical consecutive steps of
 one replica, each ``step_s`` long, whose membership is ``plan.scheduled`` (every (request, tokens) of

@@ -18,7 +18,7 @@ import pandas as pd
 
 from simbatch.capacity import Stability
 from simbatch.config import LATENCY_METRICS, Device
-from simbatch.cost import batch_for_fraction, decode_throughput, roofline_tokens_per_s, step_time_s
+from simbatch.cost import LinearCost, batch_for_fraction, decode_throughput, roofline_tokens_per_s
 from simbatch.metrics.stats import describe_ms, percentile_word
 from simbatch.text import printable
 
@@ -269,7 +269,7 @@ def capacity_table(device: Device, max_num_seqs: int, replicas: int = 1) -> str:
     for b in sizes:
         tps = decode_throughput(device, b)
         share = "n/a" if math.isinf(roofline) else f"{100 * tps / roofline:.1f} %"
-        lines.append(f"{b:>8}{1e3 * step_time_s(device, b):>12.2f}{tps:>{14 + len(per)},.2f}{share:>16}")
+        lines.append(f"{b:>8}{LinearCost.of(device).step_ms(b):>12.2f}{tps:>{14 + len(per)},.2f}{share:>16}")
     if replicas > 1:
         lines.append(f"With {replicas} replicas at B = {max_num_seqs}: "
                      f"{_fmt(replicas * decode_throughput(device, max_num_seqs))} tok/s in all")

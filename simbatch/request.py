@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +53,11 @@ class Request:
     replica: int = -1
     status: Status = Status.WAITING
     prefill_pending: bool = True  # computing known tokens before the next sample (prompt, or a recompute)
-    swapped_blocks: int = 0  # host KV blocks held (swap preemption)
+    # KV blocks held, by number (written by the KV cache manager only). A lockstep member's newest
+    # blocks are held by its group on its behalf until it leaves (``blocks`` counts them).
+    # Empty ones are the shared (): a million requests need no million empty lists.
+    block_ids: Sequence[int] = ()
+    host_block_ids: Sequence[int] = ()  # on the host, after a swap preemption
     admitted_seq: int = -1  # order of the latest admission into RUNNING; the newest is the LIFO victim
     num_preemptions: int = 0
     first_scheduled_s: float = math.nan
@@ -66,7 +71,6 @@ class Request:
     # the properties add the steps since, so that a Request always reads true.
     _computed: int = 0
     _generated: int = 0
-    _blocks: int = 0
     _last_token_s: float = math.nan
     _last_token_step: int = -2
     lockstep: Any = None  # the LockstepScheduler advancing this request, if any
@@ -97,12 +101,12 @@ class Request:
     def blocks(self) -> int:
         """Device KV blocks held."""
         g = self.lockstep
-        return self._blocks if g is None else g.member_blocks(self)
+        return len(self.block_ids) if g is None else g.member_blocks(self)
 
-    @blocks.setter
-    def blocks(self, value: int) -> None:
-        assert self.lockstep is None, "a lockstep member's counters belong to its scheduler"
-        self._blocks = value
+    @property
+    def swapped_blocks(self) -> int:
+        """Host KV blocks held (swap preemption)."""
+        return len(self.host_block_ids)
 
     @property
     def last_token_s(self) -> float:

@@ -96,7 +96,7 @@ def single_sequence_service_moments_s(device: Device, prompt: LengthDist,
     """
     p1, p2 = length_moments(prompt)
     o1, o2 = length_moments(output)
-    tau0, gamma = device.tau0_ms / 1e3, device.prefill_ms_per_token / 1e3
+    tau0, gamma = device.tau0_s, device.prefill_s_per_token
     c = step_time_s(device, 1)
     a1, a2 = tau0 + gamma * p1, tau0**2 + 2 * tau0 * gamma * p1 + gamma**2 * p2  # prefill step
     d1, d2 = o1 - 1, o2 - 2 * o1 + 1  # E[O - 1], E[(O - 1)^2]
@@ -135,7 +135,7 @@ def continuous_request_cost_s(device: Device, batch_size: int, mean_output_token
     Its inverse is the saturated request rate (``capacity.stability`` charges beta for all L tokens, a
     slightly conservative capacity); E[L] over it the saturated output tokens/s.
     """
-    tau0, beta, gamma = device.tau0_ms / 1e3, device.beta_ms / 1e3, device.prefill_ms_per_token / 1e3
+    tau0, beta, gamma = device.tau0_s, device.beta_s, device.prefill_s_per_token
     return tau0 * mean_output_tokens / batch_size + beta * (mean_output_tokens - 1) + gamma * mean_prompt_tokens
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import resource
 import subprocess
 import sys
-import time
 import tracemalloc
 from pathlib import Path
 
@@ -81,12 +81,15 @@ def test_a_sweep_checks_every_point_and_its_run_count(tmp_path, monkeypatch):
 
 
 def _timed(args: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess, float]:
-    start = time.monotonic()
-    done = subprocess.run([str(SIMBATCH), *args], cwd=cwd, capture_output=True, text=True, timeout=30)
-    return done, time.monotonic() - start
+    """The command's result and the CPU seconds it used: what the guard saves is work, and CPU time,
+    unlike the wall clock, does not grow when other processes share the machine."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run([str(SIMBATCH), *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return done, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def test_a_billion_requests_exits_2_within_2_s_with_the_estimate(tmp_path):
+def test_a_billion_requests_exits_2_in_under_2_cpu_seconds_with_the_estimate(tmp_path):
     done, took = _timed(["run", str(SCENARIOS / "oversubscribed.yaml"), "--set", "workload.num_requests=1000000000"],
                         tmp_path)
     assert done.returncode == 2 and took < 2.0, (took, done.stderr)
@@ -94,7 +97,7 @@ def test_a_billion_requests_exits_2_within_2_s_with_the_estimate(tmp_path):
     assert not (tmp_path / "results").exists()
 
 
-def test_a_billion_laughs_exits_2_within_2_s(tmp_path):
+def test_a_billion_laughs_exits_2_in_under_2_cpu_seconds(tmp_path):
     lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
     lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
     (tmp_path / "laughs.yaml").write_text("\n".join(lines) + "\n")

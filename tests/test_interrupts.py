@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from test_cli import SCENARIOS
 
-from simbatch.cli.common import Terminated
+from simbatch.errors import Terminated
 from simbatch.results import atomic_folder
 
 SIMBATCH = Path(sys.executable).with_name("simbatch")
@@ -25,9 +25,16 @@ LONG_SWEEP = ["sweep", str(SCENARIOS / "stable.yaml"), "--set", "workload.durati
               "-p", "workload.arrival.rate=2,3", "-r", "2", "-w", "2", "-o", "sw"]
 
 
-def _signalled(args: list[str], cwd: Path, signum: int, after_s: float = 1.5) -> tuple[int, str, float]:
+def _signalled(args: list[str], cwd: Path, signum: int, after_s: float = 1.5,
+               started: Path | None = None) -> tuple[int, str, float]:
+    """Run ``args``, signal it ``after_s`` seconds in (or that long after ``started`` appears: on a
+    busy machine a command's start-up is slower), and return its exit code, stderr and how long it
+    took to exit after the signal."""
     process = subprocess.Popen([str(SIMBATCH), *args], cwd=cwd, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while started is not None and not started.exists() and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.05)
     time.sleep(after_s)
     assert process.poll() is None, "the command ended before it was signalled"
     sent = time.monotonic()
@@ -49,7 +56,7 @@ def test_run_stops_within_a_second_and_leaves_nothing(tmp_path, signum, code, sa
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_sweep_stops_its_workers_within_a_second(tmp_path, signum, code):
-    returncode, err, took = _signalled(LONG_SWEEP, tmp_path, signum)
+    returncode, err, took = _signalled(LONG_SWEEP, tmp_path, signum, started=tmp_path / "sw" / "manifest.json")
     assert returncode == code and err.startswith("interrupted") and took < 1.0, (returncode, err, took)
     # What the sweep keeps is what a restart resumes from: its manifest and finished runs, no temporaries.
     assert sorted(p.name for p in (tmp_path / "sw").iterdir()) == ["manifest.json", "points"]

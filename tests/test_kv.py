@@ -17,50 +17,62 @@ def request(i: int = 0) -> Request:
 
 def test_pool_allocates_and_frees():
     pool = BlockPool(10)
-    assert pool.allocate(4) and (pool.num_free, pool.num_used) == (6, 4)
-    assert pool.allocate(6) and pool.num_free == 0
-    pool.free(10)
+    assert pool.allocate(4) == [0, 1, 2, 3] and (pool.num_free, pool.num_used) == (6, 4)
+    assert pool.allocate(6) == [4, 5, 6, 7, 8, 9] and pool.num_free == 0
+    pool.free(range(10))
     assert (pool.num_free, pool.num_used) == (10, 0)
+
+
+def test_pool_hands_out_unused_blocks_first_then_freed_ones_in_the_order_they_were_freed():
+    # vLLM's free queue: a freed block goes to the back, so a cached block is reused as late as possible.
+    pool = BlockPool(6)
+    a, b = pool.allocate(2), pool.allocate(2)
+    pool.free(b)
+    pool.free(a[::-1])
+    assert pool.allocate(3) == [4, 5, 2]
+    assert pool.allocate(3) == [3, 1, 0]
+    assert pool.allocate(1) is None and pool.free_ids() == []
 
 
 def test_pool_refuses_without_change_when_short():
     pool = BlockPool(5)
     assert pool.allocate(3)
-    assert not pool.allocate(3)
-    assert pool.num_free == 2
+    assert pool.allocate(3) is None
+    assert pool.num_free == 2 and pool.allocate(0) == []
 
 
 def test_pool_catches_a_double_free():
     pool = BlockPool(5)
     pool.allocate(2)
     with pytest.raises(AssertionError, match="freed more"):
-        pool.free(3)
+        pool.free([0, 1, 1])
 
 
-def test_grow_adds_blocks_only_at_boundaries():
+def test_allocate_slots_adds_blocks_only_at_boundaries():
     kv = KVCacheManager(KVCache(block_size=4, num_blocks=10))
     r = request()
-    assert kv.grow(r, 6) and r.blocks == 2
-    assert kv.extra_blocks(r, 8) == 0 and kv.grow(r, 8) and r.blocks == 2
-    assert kv.extra_blocks(r, 9) == 1 and kv.grow(r, 9) and r.blocks == 3
-    assert kv.grow(r, 3) and r.blocks == 3  # never shrinks
-    assert kv.device.num_free == 7
+    assert kv.allocate_slots(r, 6) == [0, 1] and r.blocks == 2
+    assert kv.num_blocks_to_allocate(r, 8) == 0 and kv.allocate_slots(r, 8) == [] and r.blocks == 2
+    assert kv.num_blocks_to_allocate(r, 9) == 1 and kv.allocate_slots(r, 9) == [2] and r.block_ids == [0, 1, 2]
+    r.num_computed_tokens = 9
+    assert kv.allocate_slots(r, 3) == [] and r.blocks == 3  # 12 tokens fit in 3 blocks
+    assert kv.allocate_slots(r, 4) == [3] and kv.device.num_free == 6
 
 
-def test_grow_refuses_without_change_when_short():
+def test_allocate_slots_refuses_without_change_when_short():
     kv = KVCacheManager(KVCache(block_size=4, num_blocks=3))
     a, b = request(0), request(1)
-    assert kv.grow(a, 8)
-    assert not kv.grow(b, 5)  # needs 2, 1 free
-    assert (b.blocks, kv.device.num_free) == (0, 1)
-    assert not kv.grow(a, 13)  # needs 2 more
-    assert (a.blocks, kv.device.num_free) == (2, 1)
+    assert kv.allocate_slots(a, 8) == [0, 1]
+    assert kv.allocate_slots(b, 5) is None  # needs 2, 1 free
+    assert (b.block_ids, kv.device.num_free) == ((), 1)
+    assert kv.allocate_slots(a, 13) is None  # needs 2 more
+    assert (a.block_ids, kv.device.num_free) == ([0, 1], 1)
 
 
 def test_release_returns_every_block():
     kv = KVCacheManager(KVCache(block_size=4, num_blocks=10))
     r = request()
-    kv.grow(r, 10)
+    kv.allocate_slots(r, 10)
     assert kv.release(r) == 3
     assert (r.blocks, kv.device.num_free) == (0, 10)
 
@@ -68,18 +80,18 @@ def test_release_returns_every_block():
 def test_swap_round_trip_moves_blocks_between_pools():
     kv = KVCacheManager(KVCache(block_size=4, num_blocks=10, swap_blocks=5))
     r = request()
-    kv.grow(r, 12)
+    kv.allocate_slots(r, 12)
     r.num_computed_tokens = 12
     assert kv.swap_out(r)
-    assert (r.blocks, r.swapped_blocks, kv.device.num_free, kv.host.num_free) == (0, 3, 10, 2)
+    assert (r.blocks, r.host_block_ids, kv.device.num_free, kv.host.num_free) == (0, [0, 1, 2], 10, 2)
     assert kv.swap_in(r)
-    assert (r.blocks, r.swapped_blocks, kv.device.num_free, kv.host.num_free) == (3, 0, 7, 5)
+    assert (r.block_ids, r.swapped_blocks, kv.device.num_free, kv.host.num_free) == ([3, 4, 5], 0, 7, 5)
 
 
 def test_swap_out_saves_the_computed_tokens_and_frees_blocks_reserved_for_uncomputed_ones():
     kv = KVCacheManager(KVCache(block_size=4, num_blocks=10, swap_blocks=5))
     r = request()
-    kv.grow(r, 12)  # 3 blocks reserved for a step that would compute up to token 12 ...
+    kv.allocate_slots(r, 12)  # 3 blocks reserved for a step that would compute up to token 12 ...
     r.num_computed_tokens = 5  # ... of which 5 are computed: 2 blocks of KV to save
     assert kv.swap_out(r)
     assert (r.blocks, r.swapped_blocks, kv.device.num_free, kv.host.num_free) == (0, 2, 10, 3)
@@ -88,19 +100,51 @@ def test_swap_out_saves_the_computed_tokens_and_frees_blocks_reserved_for_uncomp
 def test_swap_refuses_without_change_when_the_other_pool_is_short():
     kv = KVCacheManager(KVCache(block_size=4, num_blocks=4, swap_blocks=2))
     r = request()
-    kv.grow(r, 12)
+    kv.allocate_slots(r, 12)
     r.num_computed_tokens = 12
     assert not kv.swap_out(r)  # 3 blocks, 2 on the host
     assert (r.blocks, r.swapped_blocks, kv.device.num_free, kv.host.num_free) == (3, 0, 1, 2)
 
     kv = KVCacheManager(KVCache(block_size=4, num_blocks=4, swap_blocks=4))
     r, other = request(0), request(1)
-    kv.grow(r, 12)
+    kv.allocate_slots(r, 12)
     r.num_computed_tokens = 12
     assert kv.swap_out(r)
-    kv.grow(other, 8)  # 2 of the 4 device blocks taken while r is out
+    kv.allocate_slots(other, 8)  # 2 of the 4 device blocks taken while r is out
     assert not kv.swap_in(r)
     assert (r.blocks, r.swapped_blocks, kv.device.num_free, kv.host.num_free) == (0, 3, 2, 1)
+
+
+def test_allocate_together_is_all_or_nothing_and_returns_the_groups_share():
+    kv = KVCacheManager(KVCache(block_size=4, num_blocks=5))
+    a, b = request(0), request(1)
+    assert kv.allocate_together([(a, 5), (b, 4)], group_blocks=2) == [0, 1]
+    assert (a.block_ids, b.block_ids, kv.device.num_free) == ([2, 3], [4], 0)
+    c = request(2)
+    assert kv.allocate_together([(c, 1)]) is None and c.block_ids == ()
+
+
+def test_reserve_batch_shares_one_reservation_among_the_slots():
+    kv = KVCacheManager(KVCache(block_size=4, num_blocks=8))
+    batch = [request(i) for i in range(3)]
+    assert kv.reserve_batch(batch, 7)
+    assert [r.block_ids for r in batch] == [[0, 1, 2], [3, 4], [5, 6]]
+    assert not kv.reserve_batch([request(3)], 2) and kv.device.num_free == 1
+    assert kv.release_batch(batch) == 7 and kv.device.num_free == 8
+
+
+def test_the_conservation_check_catches_a_block_held_twice_or_held_and_free():
+    kv = KVCacheManager(KVCache(block_size=4, num_blocks=4))
+    a, b = request(0), request(1)
+    kv.allocate_slots(a, 8)
+    kv.allocate_slots(b, 4)
+    kv.check_conservation([a, b], [])
+    b.block_ids = [1]  # a's block, and block 2 neither free nor held
+    with pytest.raises(AssertionError, match="held twice"):
+        kv.check_conservation([a, b], [])
+    b.block_ids = [3]  # a free block
+    with pytest.raises(AssertionError, match="held twice"):
+        kv.check_conservation([a, b], [])
 
 
 OPS = st.lists(st.tuples(st.sampled_from(["grow", "compute", "release", "swap_out", "swap_in"]),
@@ -116,9 +160,11 @@ def test_blocks_are_conserved_under_any_sequence_of_moves(num_blocks, swap_block
         r = reqs[i]
         before = (r.blocks, r.swapped_blocks, kv.device.num_free, kv.host.num_free)
         if op == "grow" and not r.swapped_blocks:
-            ok = kv.grow(r, n)
-            assert ok == (kv.extra_blocks(r, n) == 0)
-            assert ok or (r.blocks, r.swapped_blocks, kv.device.num_free, kv.host.num_free) == before
+            need = kv.num_blocks_to_allocate(r, n)
+            ids = kv.allocate_slots(r, n)
+            assert (ids is None) == (need > before[2])
+            assert ids is None and (r.blocks, r.swapped_blocks, kv.device.num_free, kv.host.num_free) == before \
+                or len(ids) == need
         elif op == "compute":  # what a finished step does: tokens fill blocks already held
             r.num_computed_tokens = min(n, (r.blocks or r.swapped_blocks) * kv.block_size)
         elif op == "release" and not r.swapped_blocks:
@@ -128,5 +174,20 @@ def test_blocks_are_conserved_under_any_sequence_of_moves(num_blocks, swap_block
             assert (r.blocks, r.swapped_blocks, kv.device.num_free, kv.host.num_free) == before
         assert kv.device.num_free + sum(q.blocks for q in reqs) == num_blocks
         assert kv.host.num_free + sum(q.swapped_blocks for q in reqs) == swap_blocks
+        kv.check_conservation(reqs, reqs)  # and by identity: every block free or held, once
         assert kv.device.num_free >= 0 and kv.host.num_free >= 0
         assert all(q.blocks == 0 or q.swapped_blocks == 0 for q in reqs)
+
+
+def test_a_large_pool_has_its_identities_checked_at_regular_calls():
+    kv = KVCacheManager(KVCache(block_size=4, num_blocks=4096))
+    a, b = request(0), request(1)
+    kv.allocate_slots(a, 8)
+    kv.allocate_slots(b, 4)
+    b.block_ids = [0]  # a's first block: the counts still add up
+    with pytest.raises(AssertionError, match="held twice"):
+        kv.check_conservation([a, b], [])  # the first call checks identities ...
+    for _ in range(63):
+        kv.check_conservation([a, b], [])  # ... the next ones counts only ...
+    with pytest.raises(AssertionError, match="held twice"):
+        kv.check_conservation([a, b], [])  # ... until the 64th call after it

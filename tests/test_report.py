@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 
 from simbatch import plots, report, results
 from simbatch.capacity import stability
-from simbatch.config import Device
+from simbatch.config import SLO, Device
 from simbatch.plots import series
 from simbatch.simulation import simulate
 
@@ -187,7 +187,7 @@ def test_plots_draw_every_run_and_leak_no_pyplot_state(tmp_path, static_run, con
     figures = [plots.output_throughput(runs, capacity_tokens_per_s=100.0, offered_tokens_per_s=50.0),
                plots.cumulative_output_tokens(runs), plots.running_waiting(runs, slots=4),
                plots.kv_usage(runs, num_blocks=64), plots.batch_size(runs, max_num_seqs=4),
-               plots.ttft_cdf(runs, slo_ttft_ms=500.0), plots.e2e_histogram(runs, full_batch_latency_s=0.3),
+               plots.ttft_cdf(runs, slo=SLO(ttft_ms=500.0)), plots.e2e_histogram(runs, full_batch_latency_s=0.3),
                plots.latency_by_request(runs)]
     assert all(isinstance(f, Figure) for f in figures)
     assert plt.get_fignums() == []

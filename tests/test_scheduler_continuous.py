@@ -303,7 +303,7 @@ def test_two_requests_short_of_memory_do_not_evict_each_other_forever():
     a, b = req(0, 4, 8), req(1, 4, 8)
     d.add(a, b)
     for _ in range(60):  # one after the other: 2 prefill + 7 decode steps each
-        if not d.sched.has_work:
+        if not (d.sched.num_running or d.sched.num_waiting):
             break
         d.run()
     assert (a.status, b.status) == (Status.FINISHED, Status.FINISHED), \
@@ -380,7 +380,7 @@ def test_an_earlier_arrival_of_equal_priority_does_not_evict():
 # --------------------------------------------------------------------------- policies' admission orders
 def admission_order(d: Driver, requests) -> list[int]:
     d.add(*requests)
-    while d.sched.has_work:
+    while d.sched.num_running or d.sched.num_waiting:
         d.run()
     return [r.request_id for r in sorted(requests, key=lambda r: (r.first_scheduled_s, r.admitted_seq))]
 
@@ -423,7 +423,7 @@ def test_nothing_is_scheduled_twice_and_times_are_recorded_once():
     d = driver()
     rs = [req(i, 5 + 3 * i, 4) for i in range(4)]
     d.add(*rs)
-    while d.sched.has_work:
+    while d.sched.num_running or d.sched.num_waiting:
         plan, _ = d.run()
         ids = [r.request_id for r, _ in plan.scheduled]
         assert len(ids) == len(set(ids))

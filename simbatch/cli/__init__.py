@@ -10,28 +10,21 @@
     simbatch view RESULT_DIR          open a result folder's report.html (or serve it on localhost)
     simbatch explore SCENARIO.yaml    sliders that re-simulate a scenario, on a localhost page
 
-Each command lives in its own module; this one only assembles them.
+Each command lives in its own module; this one only assembles them. The console script is
+:func:`simbatch.console.main`, which wraps this app.
 """
 
 from __future__ import annotations
 
-import sys
+import typer
 
-try:
-    # Importing the machinery takes a good part of a second; Ctrl-C meanwhile is an interruption
-    # like any other ("interrupted", exit 130), not a traceback from the middle of an import.
-    import typer
-
-    from simbatch import __version__
-    from simbatch.cli.capacity import capacity
-    from simbatch.cli.explore import explore
-    from simbatch.cli.inspect import schema, validate
-    from simbatch.cli.run import compare, run
-    from simbatch.cli.sweep import register as register_sweep
-    from simbatch.cli.view import view
-except KeyboardInterrupt:
-    sys.stderr.write("interrupted\n")
-    sys.exit(130)
+from simbatch import __version__
+from simbatch.cli.capacity import capacity
+from simbatch.cli.explore import explore
+from simbatch.cli.inspect import schema, validate
+from simbatch.cli.run import compare, run
+from simbatch.cli.sweep import register as register_sweep
+from simbatch.cli.view import view
 
 app = typer.Typer(
     name="simbatch",

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 import typer
 
 from simbatch.config import Scenario
-from simbatch.errors import OutputError
+from simbatch.errors import OutputError, Terminated, raise_terminated
 from simbatch.guard import TooLarge
 from simbatch.loading import ScenarioError
 from simbatch.text import printable
@@ -38,21 +38,13 @@ class BadInput(Exception):
     """A command-line value that cannot be used; the message names the option, the value and the fix."""
 
 
-class Terminated(BaseException):
-    """SIGTERM, raised in the main thread like Ctrl-C's KeyboardInterrupt, so cleanup runs the same way."""
-
-
-def _raise_terminated(signum, frame) -> None:
-    raise Terminated
-
-
 @contextlib.contextmanager
 def _sigterm_raises() -> Iterator[None]:
     """SIGTERM raises :class:`Terminated` while the command runs (only the main thread can set a handler)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
     try:
         yield
     finally:

@@ -92,12 +92,12 @@ class AcceleratedReplica(Replica):
     def _run(self):
         env, sched, rec, index = self.env, self.scheduler, self.recorder, self.index
         # Bound once: this loop runs a few times per request.
-        schedule, repeatable_steps, record = sched.schedule, sched.repeatable_steps, rec.steps
+        schedule, repeatable_steps, record = sched.schedule, sched.repeatable_steps, rec.record_steps
         step_duration_ns, planned = self.step_duration_ns, self._planned
         run_ahead, stop_at = self.run_ahead, self.stop_at_ns  # set by the cluster before the run starts
         contiguous, now = False, env.now  # now: this replica's clock, ahead of env.now when running ahead
         late = self.plans_after_sends  # a client: plan after the sends of this instant (no running ahead)
-        observed = bool(self.observers)
+        observed = bool(self.step_observers)
         while True:
             if late:
                 yield Late(env)
@@ -169,11 +169,11 @@ class AcceleratedReplica(Replica):
             start, done, duration = self._run_start_ns, self._run_offset, self._run_step_ns
             m = steps_to_reach(start, duration, at_ns) - 1  # steps of this part that ended before the stop
             if m > 0:
-                rec.steps(self.index, start / NS_PER_S, m, shape,
+                rec.record_steps(self.index, start / NS_PER_S, m, shape,
                           sched.kv_blocks_sum(done + m) - sched.kv_blocks_sum(done), contiguous)
                 self._observed(start / NS_PER_S, shape.duration_s, m, plan)
             last_start_s = (start + m * duration) / NS_PER_S
-            rec.steps(self.index, last_start_s, 1, replaced(shape, "itl_tokens", 0),
+            rec.record_steps(self.index, last_start_s, 1, replaced(shape, "itl_tokens", 0),
                       sched.kv_blocks_sum(done + m + 1) - sched.kv_blocks_sum(done + m), m > 0 or contiguous)
             self._observed(last_start_s, shape.duration_s, 1, plan, done=False)
             if done + m > 0:

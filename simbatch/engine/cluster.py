@@ -71,8 +71,9 @@ class Engine:
         # A client sends when earlier requests complete or are rejected, so send times are known only
         # as the run goes: it observes the run, after the caller's observers.
         self.client = Client.of(self.env, scenario.workload)
-        self.observers = (*observers, self.client) if self.client is not None else tuple(observers)
+        # The recorder is the first observer: the caller's see a request the recorder has counted.
         self.recorder = Recorder(len(workload), scenario.cluster.replicas)
+        self.observers = (self.recorder, *observers, *([self.client] if self.client is not None else []))
         self.replica_scenarios = replica_scenarios(scenario)
         cls = AcceleratedReplica if scenario.sim.fast_forward else Replica
         self.replicas = [cls(self.env, i, s, self.recorder, workload.tenant_names, check_invariants, self.observers)
@@ -107,7 +108,7 @@ class Engine:
         state at exactly t_i - delay (before t = 0: the empty cluster), not an approximation
         refreshed at some polling period. Cost: one event and one snapshot of N replicas per arrival.
         """
-        env, delay_ns = self.env, to_ns(self.scenario.cluster.signal_delay_ms / 1e3)
+        env, delay_ns = self.env, to_ns(self.scenario.cluster.signal_delay_s)
         for t in _chunked(self._arrival_ns):
             if t - delay_ns > env.now:
                 yield Urgent(env, t - delay_ns - env.now)
@@ -161,11 +162,9 @@ class Engine:
                 if reason is None and max_waiting is not None and replica.num_waiting >= max_waiting:
                     reason = "queue_full"
             if reason is not None:
-                rec.reject(now_s, i, reason)
                 for o in observers:
                     o.rejection(now_s, i, reason)
                 continue
-            rec.arrive(now_s, i)
             req = Request(i, now_s, prompt, output, tenant, priority)
             replica.submit(req, now_s)
             for o in observers:

@@ -43,6 +43,8 @@ class Replica:
         self.scheduler: BaseScheduler = make_scheduler(scenario, tenant_names)
         self.recorder = recorder
         self.observers = tuple(observers)
+        # Told of every step: only those that listen (the recorder keeps rows, not memberships).
+        self.step_observers = tuple(o for o in observers if type(o).steps is not Observer.steps)
         self.check = check_invariants
         self.step = 0
         self._wake: simpy.Event | None = None  # set while sleeping
@@ -109,14 +111,13 @@ class Replica:
                          plan.num_preempted, plan.swap_blocks)
 
     def _observed(self, start_s: float, step_s: float, count: int, plan: StepPlan, done: bool = True) -> None:
-        for o in self.observers:
+        for o in self.step_observers:
             o.steps(self.index, start_s, step_s, count, plan, done)
 
     def _finished(self, outcome, end_s: float) -> None:
         if outcome.stall_gaps_s:
             self.recorder.stall_gaps_s.extend(outcome.stall_gaps_s)
         if outcome.finished:
-            self.recorder.finish(end_s, outcome.finished)
             for o in self.observers:
                 o.completion(end_s, outcome.finished)
 
@@ -144,8 +145,8 @@ class Replica:
             self.step += 1
             if outcome.itl_tokens != plan.decode_seqs:  # a token after a pause, or a first token
                 shape = replaced(shape, "itl_tokens", outcome.itl_tokens)
-            rec.steps(self.index, now_s, 1, shape, kv_blocks, contiguous)
-            if self.observers:
+            rec.record_steps(self.index, now_s, 1, shape, kv_blocks, contiguous)
+            if self.step_observers:
                 self._observed(now_s, shape.duration_s, 1, plan)
             self._finished(outcome, end_s)
             contiguous = True
@@ -159,6 +160,6 @@ class Replica:
         """
         if self._step_ctx is not None:
             start, shape, kv_blocks, contiguous, plan = self._step_ctx
-            self.recorder.steps(self.index, start / NS_PER_S, 1, replaced(shape, "itl_tokens", 0), kv_blocks, contiguous)
+            self.recorder.record_steps(self.index, start / NS_PER_S, 1, replaced(shape, "itl_tokens", 0), kv_blocks, contiguous)
             self._observed(start / NS_PER_S, shape.duration_s, 1, plan, done=False)
             self._step_ctx = None

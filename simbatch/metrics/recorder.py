@@ -1,4 +1,8 @@
-"""Recorders fed by the engine as the simulation runs.
+"""The recorder: the default observer of a run, which keeps what the frames and the summary need.
+
+It subscribes to the run's events like any :class:`~simbatch.observers.Observer` (arrivals,
+rejections, completions), and the engine hands it two things only it keeps: each step's row
+(:meth:`Recorder.record_steps`, the step's :class:`StepShape`) and the waiting-queue changes.
 
 - **Time-weighted state.** The number in system N(t) and in queue Nq(t) are integrated from the
   simulator's own state changes (arrival, admission, preemption, completion), never rebuilt from the
@@ -18,6 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from simbatch.observers import Observer
 from simbatch.request import Outcome, Request
 
 _UNFINISHED, _FINISHED, _REJECTED = (int(o) for o in Outcome)  # plain ints for the hot paths
@@ -55,7 +60,23 @@ WIDE_COLUMNS = frozenset({"num_steps", "kv_blocks_sum"})
 _PACK_ROWS = 65_536  # closed runs kept as tuples until this many, then packed into one float array
 
 
-class Recorder:
+class _OpenRun:
+    """The run of identical steps a replica is in, still growing."""
+
+    __slots__ = ("replica", "start_s", "num_steps", "shape", "kv_blocks_sum")
+
+    def __init__(self, replica: int, start_s: float, num_steps: int, shape: StepShape, kv_blocks_sum: int):
+        self.replica, self.start_s, self.num_steps = replica, start_s, num_steps
+        self.shape, self.kv_blocks_sum = shape, kv_blocks_sum
+
+    def row(self) -> tuple:
+        """The run as a row of the iterations frame, in ``RUN_COLUMNS`` order."""
+        return (self.replica, self.start_s, self.num_steps, *self.shape, self.kv_blocks_sum)
+
+
+class Recorder(Observer):
+    """Time-weighted state, iteration runs and per-request outcomes of one run (see the module)."""
+
     def __init__(self, num_requests: int, num_replicas: int):
         # Time-weighted number in system / waiting.
         self.t_last = 0.0
@@ -64,7 +85,7 @@ class Recorder:
         self.area_system = 0.0
         self.area_waiting = 0.0
         # Iteration runs: one open run per replica, closed runs as rows.
-        self._open: list[list | None] = [None] * num_replicas
+        self._open: list[_OpenRun | None] = [None] * num_replicas
         # Closed runs: recent ones as tuples, older ones packed into float64 blocks (integers below
         # 2**53 are exact), so millions of rows cost neither millions of objects nor slow appends.
         self._rows: list[tuple] = []
@@ -95,9 +116,9 @@ class Recorder:
             self.area_waiting += self.n_waiting * dt
             self.t_last = now
 
-    def arrive(self, now: float, request_id: int) -> None:
-        self._advance(now)
-        self.arrived[request_id] = True
+    def arrival(self, t_s: float, request: Request) -> None:
+        self._advance(t_s)
+        self.arrived[request.request_id] = True
         self.n_system += 1
         self.n_waiting += 1
 
@@ -105,8 +126,8 @@ class Recorder:
         self.sent_s[request_id] = now
         self.client_wait_s[request_id] = client_wait_s
 
-    def reject(self, now: float, request_id: int, reason: str) -> None:
-        self._advance(now)  # N(t) is unchanged; the run has seen an event at ``now`` (its duration)
+    def rejection(self, t_s: float, request_id: int, reason: str) -> None:
+        self._advance(t_s)  # N(t) is unchanged; the run has seen an event at ``t_s`` (its duration)
         self.arrived[request_id] = True
         self.status[request_id] = _REJECTED
         self.reason[request_id] = reason
@@ -116,8 +137,8 @@ class Recorder:
             self._advance(now)
             self.n_waiting += delta
 
-    def finish(self, now: float, requests: list[Request]) -> None:
-        self._advance(now)
+    def completion(self, t_s: float, requests: list[Request]) -> None:
+        self._advance(t_s)
         self.n_system -= len(requests)
         for req in requests:
             self.status[req.request_id] = _FINISHED
@@ -147,20 +168,20 @@ class Recorder:
                 self._open[replica] = None
 
     # ---------------------------------------------------------------- iteration runs
-    def steps(self, replica: int, start_s: float, count: int, shape: StepShape, kv_blocks_sum: int,
-              contiguous: bool) -> None:
-        """Record ``count`` identical consecutive steps."""
+    def record_steps(self, replica: int, start_s: float, count: int, shape: StepShape, kv_blocks_sum: int,
+                     contiguous: bool) -> None:
+        """Record ``count`` identical consecutive steps; ``contiguous``: no idle time since the last."""
         run = self._open[replica]
         if run is not None:
-            if contiguous and run[3] == shape:
-                run[2] += count
-                run[4] += kv_blocks_sum
+            if contiguous and run.shape == shape:
+                run.num_steps += count
+                run.kv_blocks_sum += kv_blocks_sum
                 return
             self._close_run(run)
-        self._open[replica] = [replica, start_s, count, shape, kv_blocks_sum]
+        self._open[replica] = _OpenRun(replica, start_s, count, shape, kv_blocks_sum)
 
-    def _close_run(self, run: list) -> None:
-        self._rows.append((run[0], run[1], run[2], *run[3], run[4]))
+    def _close_run(self, run: _OpenRun) -> None:
+        self._rows.append(run.row())
         if len(self._rows) >= _PACK_ROWS:
             self._packed.append(np.array(self._rows, dtype=np.float64))
             self._rows = []

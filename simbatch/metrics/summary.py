@@ -173,12 +173,11 @@ def summarize(scenario: Scenario, requests: pd.DataFrame, iterations: pd.DataFra
     out["output_throughput"] = per_s(out["total_output_tokens"])
     out["total_token_throughput"] = per_s(out["total_input_tokens"] + out["total_output_tokens"])
     slo = scenario.slo
-    if any(v is not None for v in (slo.ttft_ms, slo.tpot_ms, slo.e2el_ms)):
+    if limits := slo.limits_s():
         ok = np.ones(n_done, dtype=bool)
-        for limit, col in ((slo.ttft_ms, "ttft_s"), (slo.tpot_ms, "tpot_s"), (slo.e2el_ms, "e2e_s")):
-            if limit is not None:
-                v = done[col].to_numpy()
-                ok &= np.isnan(v) | (v * 1e3 <= limit)
+        for col, limit_s in limits.items():
+            v = done[col].to_numpy()
+            ok &= np.isnan(v) | (v <= limit_s)
         out["request_goodput"] = per_s(int(ok.sum()))
     chosen = scenario.metrics.percentile_metrics
 

@@ -46,7 +46,7 @@ def save_run_plots(folder: Path, result: Result) -> list[Path]:
         "running_waiting": running_waiting(runs, slots=slots),
         "kv_usage": kv_usage(runs, num_blocks=blocks),
         "batch_size": batch_size(runs, max_num_seqs=slots),
-        "ttft_cdf": ttft_cdf(runs, slo_ttft_ms=sc.slo.ttft_ms),
+        "ttft_cdf": ttft_cdf(runs, slo=sc.slo),
         "e2e_histogram": e2e_histogram(runs, full_batch_latency_s=st.full_batch_latency_s),
     }
     n = sc.cluster.replicas
@@ -66,7 +66,7 @@ def save_compare_plots(folder: Path, results: Mapping[str, Frames]) -> list[Path
     with_ttft = {label: r for label, r in results.items() if getattr(r, "requests", None) is not None}
     scenarios = [r.scenario for r in results.values() if getattr(r, "scenario", None) is not None]
     slots = _fleet(scenarios[0])[0] if scenarios else None
-    slo_ttft_ms = scenarios[0].slo.ttft_ms if scenarios else None
+    slo = scenarios[0].slo if scenarios else None
     figures = {}
     if with_steps:
         figures |= {
@@ -75,7 +75,7 @@ def save_compare_plots(folder: Path, results: Mapping[str, Frames]) -> list[Path
             "running_waiting": running_waiting(with_steps, slots=slots),
         }
     if with_ttft:
-        figures["ttft_cdf"] = ttft_cdf(with_ttft, slo_ttft_ms=slo_ttft_ms)
+        figures["ttft_cdf"] = ttft_cdf(with_ttft, slo=slo)
     if with_steps:
         figures["latency_by_request"] = latency_by_request(with_steps)
     return [save_figure(fig, folder / f"{name}.png") for name, fig in figures.items()]

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from simbatch.config import SLO
 from simbatch.plots.figure import Frames, colors, finish_axes, new_figure
 
 
@@ -18,8 +19,9 @@ def _finished(requests: pd.DataFrame) -> pd.DataFrame:
     return requests[requests["status"] == "finished"]
 
 
-def ttft_cdf(runs: Mapping[str, Frames], *, slo_ttft_ms: float | None = None) -> Figure:
-    """Empirical CDF of time to first token, with each run's median and p99 marked.
+def ttft_cdf(runs: Mapping[str, Frames], *, slo: SLO | None = None) -> Figure:
+    """Empirical CDF of time to first token, with each run's median and p99 marked, and the TTFT
+    objective of ``slo`` when it sets one.
 
     When runs differ by orders of magnitude (milliseconds against minutes), the time axis is
     logarithmic, or the faster run would be a vertical line at zero.
@@ -36,8 +38,8 @@ def ttft_cdf(runs: Mapping[str, Frames], *, slo_ttft_ms: float | None = None) ->
         ax.step(ttft, np.arange(1, len(ttft) + 1) / len(ttft), where="post", color=color,
                 label=f"{label}: median {median:,.2f} s, p99 {p99:,.2f} s")
         ax.plot([median, p99], [0.5, 0.99], "o", color=color, markersize=4)
-    if slo_ttft_ms is not None:
-        ax.axvline(slo_ttft_ms / 1e3, color="0.35", linestyle="--", label=f"TTFT SLO {slo_ttft_ms:g} ms")
+    if slo is not None and slo.ttft_ms is not None:
+        ax.axvline(slo.limits_s()["ttft_s"], color="0.35", linestyle="--", label=f"TTFT SLO {slo.ttft_ms:g} ms")
     log = bool(medians) and min(medians) > 0 and max(p99s) / min(medians) > 100
     if log:
         ax.set_xscale("log")

@@ -126,10 +126,6 @@ class BaseScheduler(ABC):
         return len(self.running)
 
     @property
-    def has_work(self) -> bool:
-        return bool(self.running) or len(self.waiting) > 0
-
-    @property
     def kv_blocks_used(self) -> int:
         return self.kv.device.num_used
 
@@ -166,6 +162,10 @@ class BaseScheduler(ABC):
     def _block_holders(self) -> list[Request]:
         return self.running
 
+    def _blocks_held_for_members(self) -> list[int]:
+        """Blocks held in bulk on some requests' behalf (a lockstep group's): none here."""
+        return []
+
     def check_invariants(self) -> None:
         """Raise AssertionError if the pools or the block accounting are inconsistent."""
         waiting = list(self.waiting)
@@ -173,5 +173,5 @@ class BaseScheduler(ABC):
         assert len(ids) == len(set(ids)), "a request is in two pools"
         assert all(r.status is WAITING and r.blocks == 0 for r in waiting), "waiting request holds blocks"
         assert all(r.status is RUNNING for r in self.running), "running pool holds a non-running request"
-        self.kv.check_conservation(self._block_holders(), waiting)
+        self.kv.check_conservation(self._block_holders(), waiting, self._blocks_held_for_members())
         assert len(self.running) <= self.scenario.batching.max_num_seqs, "more running than max_num_seqs"

@@ -135,8 +135,7 @@ class ContinuousScheduler(BaseScheduler):
 
     def _reserve(self, req: Request, n: int, now: float, plan: StepPlan) -> bool:
         """Blocks for ``req`` to compute ``n`` more tokens, preempting others if needed."""
-        target = req.num_computed_tokens + n
-        while not self.kv.grow(req, target):
+        while self.kv.allocate_slots(req, n) is None:
             victim = self._pick_victim(exclude=req)
             if victim is None:
                 return False
@@ -214,7 +213,7 @@ class ContinuousScheduler(BaseScheduler):
                 # Cannot fail: the swapped blocks hold its computed tokens, fewer than the check counted.
                 swapped_in = kv.swap_in(req)
                 assert swapped_in, "a swapped request was admitted without room for its blocks"
-            kv.grow(req, req.num_computed_tokens + n)
+            kv.allocate_slots(req, n)
             self._admit(req, now)
             if req.prefill_pending:
                 self._prefilling[req] = None

@@ -40,6 +40,8 @@ class LockstepScheduler(ContinuousScheduler):
         # The lockstep group (module docstring).
         self._group: dict[Request, int] = {}  # member -> the clock when it joined
         self._group_reserved = False  # the group holds its blocks for the step being planned
+        # The members' blocks taken in bulk, held for them until each leaves with its own share.
+        self._group_block_ids: list[int] = []
         self.clock = 0  # steps executed: the number of the next step
         self.last_end_s = 0.0
         # Members needing a new block in step t: _phase[t % block_size], which _phase[t % block_size
@@ -89,13 +91,15 @@ class LockstepScheduler(ContinuousScheduler):
         """
         bs = self.kv.block_size
         if not lone:  # the group alone
-            if not self.kv.allocate_group(self._phase[self.clock % bs]):
+            if not self._take_for_group(self._phase[self.clock % bs]):
                 return False
             self._group_reserved = self._granted_all = True
             self._budget -= len(self._group)
             return True
-        if not self.kv.grow_together([(r, r.num_computed_tokens + 1) for r in lone], self._phase[self.clock % bs]):
+        ids = self.kv.allocate_together([(r, 1) for r in lone], self._phase[self.clock % bs])
+        if ids is None:
             return False
+        self._group_block_ids += ids
         for req in lone:
             self._sched[req] = 1
         self._group_reserved, self._granted_all = bool(self._group), True
@@ -122,7 +126,7 @@ class LockstepScheduler(ContinuousScheduler):
                 if not self._reserve(req, 1, now, plan):
                     self._budget += self._sched.pop(req)  # stalls, keeping its blocks
                 continue
-            while not self.kv.allocate_group(1):
+            while not self._take_for_group(1):
                 victim = self._pick_victim(exclude=req)
                 if victim is None:
                     self._leave(req)  # stalls: out of the lockstep until it samples again
@@ -152,12 +156,28 @@ class LockstepScheduler(ContinuousScheduler):
         self._phase[p] -= 1
         self._phase[p + bs] -= 1
         del self._phase_members[p][req]
-        counters = (req.num_computed_tokens, req.num_generated, self.member_blocks(req), req.last_token_s,
-                    req.last_token_step)
+        counters = (req.num_computed_tokens, req.num_generated, req.last_token_s, req.last_token_step)
+        own = self.member_blocks(req) - len(req.block_ids)  # blocks the group took for it
+        if own:
+            held = self._group_block_ids
+            req.block_ids = [*req.block_ids, *held[-own:]]
+            del held[-own:]
         del self._group[req]
         req.lockstep = None
-        (req.num_computed_tokens, req.num_generated, req.blocks, req.last_token_s,
-         req.last_token_step) = counters
+        req.num_computed_tokens, req.num_generated, req.last_token_s, req.last_token_step = counters
+
+    def _take_for_group(self, n: int) -> bool:
+        """``n`` more blocks for the members, held by the group; False (and no change) if short."""
+        if not n:
+            return True
+        ids = self.kv.allocate_group(n)
+        if ids is None:
+            return False
+        self._group_block_ids += ids
+        return True
+
+    def _blocks_held_for_members(self) -> list[int]:
+        return self._group_block_ids
 
     def steps_since(self, req: Request) -> int:
         """Steps a member has advanced since it joined (its stored counters are those of then)."""
@@ -260,7 +280,7 @@ class LockstepScheduler(ContinuousScheduler):
     def finish_steps(self, plan: StepPlan, n: int, end_s: float, step: int) -> StepOutcome:
         if n == 1:
             return self.finish_step(plan, end_s, step)
-        taken = self.kv.allocate_group(self._group_blocks(step + 1, step + n))
+        taken = self._take_for_group(self._group_blocks(step + 1, step + n))
         assert taken, "a run of steps took blocks that were not free"
         self._group_reserved = False
         self.clock, self.last_end_s = step + n, end_s

@@ -43,9 +43,9 @@ class RequestLevelScheduler(BaseScheduler):
         self.pad = b.pad_prompts
         self.head_of_line_blocking = scenario.scheduler.head_of_line_blocking
         if b.mode == "dynamic":
-            self.max_wait_s: float | None = b.max_queue_delay_ms / 1e3
+            self.max_wait_s: float | None = b.max_queue_delay_s
         else:
-            self.max_wait_s = None if b.max_wait_ms is None else b.max_wait_ms / 1e3
+            self.max_wait_s = b.max_wait_s
         self.batch: list[Request] = []  # every slot of the current batch, done or not
         self._prefilled = False
         self._admitted_now = 0

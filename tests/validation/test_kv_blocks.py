@@ -39,7 +39,7 @@ def test_600_token_prompts(sim, check):
     """38 blocks each; 10 fit in 400 blocks (the manager refuses the 11th; the first step admits 10)."""
     check.exact("blocks for a 600-token prompt", 38, blocks_for(600, 16), seeds=())
     kv = KVCacheManager(KVCache(**TOY_KV))
-    admitted = sum(kv.grow(Request(i, 0.0, 600, 1), 600) for i in range(11))
+    admitted = sum(kv.allocate_slots(Request(i, 0.0, 600, 1), 600) is not None for i in range(11))
     check.exact("600-token prompts the manager admits in 400 blocks", 10, admitted, seeds=())
     first = sim(_burst(600, 20, 400)).iterations.iloc[0]
     check.exact("600-token prompts in the first simulated step", 10, first["batch_size"])
