@@ -122,6 +122,8 @@ CASES = [
     # Output
     Case("--out on a read-only file system", ("run", "s.yaml", "--out", "/proc/simbatch-out"), {"s.yaml": GOOD}),
     Case("standard output is full", ("schema",), subprocess=True),
+    Case("trace cap below one request", ("run", "s.yaml", "--trace-max-requests", "0"), {"s.yaml": GOOD}),
+    Case("view a folder without a report", ("view", "."), {"s.yaml": GOOD}),
     # Sweeps
     Case("truncated point file", SWEEP_ARGS, {"s.yaml": GOOD}, setup=_sweep_then(_truncate)),
     Case("foreign point file", SWEEP_ARGS, {"s.yaml": GOOD}, setup=_sweep_then(_foreign)),

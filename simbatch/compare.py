@@ -146,6 +146,7 @@ def write_sources(folder: Path, paths: list[Path], sources: dict[str, Source], w
     Returns where it went (``unique``: ``folder`` is a default name, another free one will do).
     """
     from simbatch import plots, results
+    from simbatch.webreport import write_report
 
     with results.atomic_folder(folder, unique) as target:
         tmp = target.tmp
@@ -155,4 +156,5 @@ def write_sources(folder: Path, paths: list[Path], sources: dict[str, Source], w
         if with_plots:
             (tmp / "plots").mkdir()
             plots.save_compare_plots(tmp / "plots", sources)
+            write_report(tmp / "report.html", sources, f"simbatch compare: {', '.join(sources)}")
     return target.folder

@@ -16,8 +16,10 @@ Layout of one run::
     requests.csv           one row per request      (+ requests.parquet when pyarrow is installed)
     iterations.csv         one row per run of steps (+ iterations.parquet)
     plots/*.png
+    report.html            the interactive report (simbatch.webreport; `simbatch view FOLDER` opens it)
+    trace.json             with --trace: a Chrome trace of steps and requests (simbatch.perfetto)
 
-A comparison holds one such folder per mode (without plots) and overlay plots at the top; its
+A comparison holds one such folder per mode (without plots) and overlay plots and the report at the top; its
 ``scenario.yaml`` is the first mode's (``simbatch compare`` sets the mode of each column itself).
 """
 
@@ -46,8 +48,10 @@ import yaml
 from simbatch import __version__, plots
 from simbatch.config import Scenario
 from simbatch.errors import OutputError  # noqa: F401 - raised here, caught by the command line
+from simbatch.perfetto import TraceObserver, write_trace
 from simbatch.simulation import Result
 from simbatch.text import spreadsheet_safe_frame
+from simbatch.webreport import write_report
 
 RESULTS_ROOT = Path("results")
 _NAME_LENGTH = 64
@@ -277,18 +281,24 @@ def _write_provenance(folder: Path, scenario: Scenario) -> None:
     _write_json(folder / "run.json", run_record(scenario))
 
 
-def write_run(folder: Path, result: Result, unique: bool = False, with_plots: bool = True) -> Path:
+def write_run(folder: Path, result: Result, unique: bool = False, with_plots: bool = True,
+              trace: TraceObserver | None = None) -> Path:
     """Write one run's result folder at ``folder`` (atomically); returns where it went.
 
     ``unique``: ``folder`` is a default name, and another free name will do if it is taken meanwhile.
     ``with_plots``: False writes the frames and summary only.
+    ``trace``: the observer that watched the run, to write ``trace.json`` from (:mod:`simbatch.perfetto`).
     """
     with atomic_folder(folder, unique) as target:
         _write_provenance(target.tmp, result.scenario)
         _write_run_files(target.tmp, result)
+        if trace is not None:
+            write_trace(target.tmp / "trace.json", result, trace)
         if with_plots:
             (target.tmp / "plots").mkdir()
             plots.save_run_plots(target.tmp / "plots", result)
+            sc = result.scenario
+            write_report(target.tmp / "report.html", {sc.batching.mode: result}, f"simbatch run: {sc.name}")
     return target.folder
 
 
@@ -305,4 +315,6 @@ def write_compare(folder: Path, results: Mapping[str, Result], unique: bool = Fa
         if with_plots:
             (tmp / "plots").mkdir()
             plots.save_compare_plots(tmp / "plots", results)
+            write_report(tmp / "report.html", results,
+                         f"simbatch compare: {next(iter(results.values())).scenario.name}, {', '.join(results)}")
     return target.folder

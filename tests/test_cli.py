@@ -35,7 +35,7 @@ VLLM_KEYS = ("duration", "completed", "num_requests", "request_throughput", "out
              "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms")
 RUN_FILES = {"scenario.yaml", "run.json", "resolved_config.json", "summary.json", "requests.csv", "iterations.csv",
              "stall_gaps.csv",
-             "plots"}
+             "plots", "report.html"}
 RUN_PLOTS = {"output_throughput.png", "running_waiting.png", "kv_usage.png", "batch_size.png", "ttft_cdf.png",
              "e2e_histogram.png"}
 COMPARE_PLOTS = {"batch_size.png", "cumulative_output_tokens.png", "running_waiting.png", "ttft_cdf.png",
@@ -258,7 +258,7 @@ def test_compare_heavy_tail_continuous_beats_static(tmp_path):
         assert len(compare_row(text, label)) == 2
 
     assert {p.name for p in out.iterdir()} == {"scenario.yaml", "run.json", "summary.json", "static", "continuous",
-                                            "plots"}
+                                            "plots", "report.html"}
     assert {p.name for p in (out / "plots").iterdir()} == COMPARE_PLOTS
     summary = json.loads((out / "summary.json").read_text())
     assert summary["continuous"]["output_throughput"] == pytest.approx(continuous_tput, abs=0.1)

@@ -9,6 +9,8 @@
     simbatch capacity-search ...      the highest arrival rate that meets the SLOs
     simbatch presets                  the model and GPU cards behind device.preset
     simbatch calibrate FILE...        device costs fitted to per-step timings or vllm bench serve results
+    simbatch view RESULT_DIR          open a result folder's report.html (or serve it on localhost)
+    simbatch explore SCENARIO.yaml    sliders that re-simulate a scenario, on a localhost page
 
 Each command lives in its own module; this one only assembles them. The console script is
 :func:`simbatch.console.main`, which wraps this app.
@@ -20,10 +22,12 @@ import typer
 
 from simbatch import __version__
 from simbatch.cli.capacity import capacity
+from simbatch.cli.explore import explore
 from simbatch.cli.hardware import calibrate, presets
 from simbatch.cli.inspect import schema, validate
 from simbatch.cli.run import compare, run
 from simbatch.cli.sweep import register as register_sweep
+from simbatch.cli.view import view
 
 app = typer.Typer(
     name="simbatch",
@@ -35,6 +39,8 @@ app = typer.Typer(
 for command in (run, compare, validate, schema, capacity, presets, calibrate):
     app.command()(command)
 register_sweep(app)
+app.command()(view)
+app.command()(explore)
 
 
 def _version(value: bool) -> None:

@@ -41,14 +41,30 @@ OUT_OPT = typer.Option(None, "--out", metavar="DIR",
 QUIET_OPT = typer.Option(False, "--quiet", "-q", help="Print only the result folder's path; no progress bar.")
 
 
-NO_PLOTS_OPT = typer.Option(False, "--no-plots", help="Write no plots (batch use: faster, smaller folders).")
+NO_PLOTS_OPT = typer.Option(False, "--no-plots", help="Write no plots and no report.html (batch use: faster, smaller folders).")
+TRACE_OPT = typer.Option(False, "--trace", help="Also write trace.json, a Chrome trace of every step and request "
+                                                "(open it in ui.perfetto.dev or chrome://tracing).")
+TRACE_MAX_OPT = typer.Option(None, "--trace-max-requests", metavar="N", show_default=False,
+                             help="Trace the first N requests and the steps until the next one arrives "
+                                  "(default 10000; implies --trace).")
 
 
-def _simulate(scenario: Scenario, label: str, total: int, quiet: bool, workload=None) -> Result:
+def _simulate(scenario: Scenario, label: str, total: int, quiet: bool, workload=None, observers=()) -> Result:
     from simbatch.simulation import simulate
 
     with progress(label, total, quiet) as on_progress:
-        return simulate(scenario, on_progress=on_progress, workload=workload)
+        return simulate(scenario, on_progress=on_progress, workload=workload, observers=observers)
+
+
+def _tracer(scenario: Scenario, trace: bool, max_requests: int | None):
+    """The trace observer ``--trace`` asks for, or None."""
+    from simbatch.perfetto import DEFAULT_MAX_REQUESTS, TraceObserver
+
+    if max_requests is not None and max_requests < 1:
+        raise BadInput(f"--trace-max-requests {max_requests}: must be at least 1, e.g. --trace-max-requests 10000")
+    if not trace and max_requests is None:
+        return None
+    return TraceObserver(scenario, max_requests or DEFAULT_MAX_REQUESTS)
 
 
 def _table(scenario: Scenario, summary: dict) -> str:
@@ -65,7 +81,8 @@ def run(scenario_file: Path = SCENARIO_ARG,
         no_plots: bool = NO_PLOTS_OPT, request_rate: RequestRateOpt = None, burstiness: BurstinessOpt = None,
         num_prompts: NumPromptsOpt = None, max_concurrency: MaxConcurrencyOpt = None,
         percentile_metrics: PercentileMetricsOpt = None, metric_percentiles: MetricPercentilesOpt = None,
-        goodput: GoodputOpt = None, force: bool = FORCE_OPT) -> None:
+        goodput: GoodputOpt = None, force: bool = FORCE_OPT, trace: bool = TRACE_OPT,
+        trace_max_requests: int = TRACE_MAX_OPT) -> None:
     """Simulate a scenario: stability check, result table, Little's law, and a result folder.
 
     The flags named as in `vllm bench serve` (--request-rate, --burstiness, --num-prompts,
@@ -80,6 +97,7 @@ def run(scenario_file: Path = SCENARIO_ARG,
                             metric_percentiles, goodput)
     scenario = load_scenario(scenario_file, overrides([*(sets or []), *bench], **{"batching.mode": mode, "seed": seed}))
     guard.check_run(scenario, force)
+    tracer = _tracer(scenario, trace, trace_max_requests)
     folder = out or results.default_folder(scenario.name)
     results.check_target(folder)
     workload = generate(scenario)
@@ -90,13 +108,16 @@ def run(scenario_file: Path = SCENARIO_ARG,
     say(report.stability_block(expected_stability(scenario, workload)))
     if note := report.client_note(scenario.workload):
         say(note)
-    result = _simulate(scenario, scenario.batching.mode, len(workload), quiet, workload)
+    result = _simulate(scenario, scenario.batching.mode, len(workload), quiet, workload,
+                       () if tracer is None else (tracer,))
     say(_table(scenario, result.summary))
     for extra in (report.rejections_line(result.requests), report.tenant_table(result.requests)):
         if extra:
             say(extra)
     say(report.littles_law_line(result.summary))
-    folder = results.write_run(folder, result, unique=out is None, with_plots=not no_plots)
+    folder = results.write_run(folder, result, unique=out is None, with_plots=not no_plots, trace=tracer)
+    if tracer is not None and tracer.notice:
+        say(tracer.notice)
     typer.echo(f"Results written to {printable(folder)}" if not quiet else printable(folder))
 
 
