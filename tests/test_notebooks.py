@@ -1,7 +1,7 @@
 """The teaching notebooks: each runs top to bottom in a fresh kernel, and the committed copies carry outputs.
 
-CI executes every notebook with ``SIMBATCH_NOTEBOOK_SMALL=1`` (short horizons): about 35 s for all
-seven on an idle 2-core machine. ``make notebooks`` runs them at full size and saves the outputs.
+CI executes every notebook with ``SIMBATCH_NOTEBOOK_SMALL=1`` (short horizons): about 35 s for the
+first seven on an idle 2-core machine. ``make notebooks`` runs them at full size and saves the outputs.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ LESSONS = [
     "05_chunked_prefill.ipynb",
     "06_policies_and_fairness.ipynb",
     "07_tails_slos_goodput.ipynb",
+    "08_batching_server_as_a_queue.ipynb",
 ]
 SMALL_LINE = 'SMALL = os.environ.get("SIMBATCH_NOTEBOOK_SMALL") == "1"'
 
@@ -147,6 +148,22 @@ QUOTED = [
     ("07_tails_slos_goodput.ipynb", "Goodput tracks throughput up to 2.5 requests/s",
      r"2\.50 +2\.50 +2\.50 .*\n3\.00 +2\.95 +2\.05 .*\n3\.25 +3\.21 +1\.64 +29\.95 .*\n3\.50 +3\.45 +0\.71 +31\.42"),
     ("07_tails_slos_goodput.ipynb", "at about 2.7 requests/s, 69 % of capacity", r"up to 2\.68 req/s \(69% of capacity 3\.90\)"),
+    ("08_batching_server_as_a_queue.ipynb", "wait almost twice as long", r"exponential answers wait 1\.90x as long"),
+    ("08_batching_server_as_a_queue.ipynb", "Both estimates cover the formula's 85 ms",
+     r"saves 85 ms of mean wait\n +common random numbers: 89 ± 7 ms .*\n +independent seeds: +101 ± 29 ms"),
+    ("08_batching_server_as_a_queue.ipynb", "(±7 ms against ±29 ms)", r"common random numbers: 89 ± 7 ms"),
+    ("08_batching_server_as_a_queue.ipynb", "pulls the mean down by more than\nits own interval",
+     r"mean latency 14\.44 s(.*\n)+ +every request +mean E2E 14\.21 ± 0\.08 s\n +arrivals in .* mean E2E 14\.38 ± 0\.09 s"),
+    ("08_batching_server_as_a_queue.ipynb", "too low for\nvery bursty arrivals, too high for very smooth ones",
+     r"4\.00 +0\.2 +941\.7 +1133\.7 +60\.8 +-16\.9\n(.*\n)+0\.25 +4\.0 +58\.9 +38\.3 +0\.8 +53\.5"),
+    ("08_batching_server_as_a_queue.ipynb", "fixed 500-token answers take 14.4 s on\naverage",
+     r"3\.0 +0\.77 +14\.29 +14\.44 +0\.01 +14\.42 +0\.09"),
+    ("08_batching_server_as_a_queue.ipynb", "(15.7 s against 16.0 s, outside their interval)",
+     r"3\.5 +0\.90 +15\.38 +16\.03 +0\.19 +15\.68 +0\.13"),
+    ("08_batching_server_as_a_queue.ipynb", "(18.0 s against 20.3 and 20.5 s)",
+     r"3\.8 +0\.97 +16\.13 +23\.16 +0\.70 +17\.98 +0\.73 +20\.25 +2\.52 +20\.55"),
+    ("08_batching_server_as_a_queue.ipynb", "already busy some 40 % of the time",
+     r"0\.05 +0\.013 +0\.397 +0\.407"),
 ]
 
 
