@@ -35,6 +35,7 @@ LESSONS = [
     "06_policies_and_fairness.ipynb",
     "07_tails_slos_goodput.ipynb",
     "08_batching_server_as_a_queue.ipynb",
+    "09_bursts_and_real_traces.ipynb",
 ]
 SMALL_LINE = 'SMALL = os.environ.get("SIMBATCH_NOTEBOOK_SMALL") == "1"'
 
@@ -164,6 +165,20 @@ QUOTED = [
      r"3\.8 +0\.97 +16\.13 +23\.16 +0\.70 +17\.98 +0\.73 +20\.25 +2\.52 +20\.55"),
     ("08_batching_server_as_a_queue.ipynb", "already busy some 40 % of the time",
      r"0\.05 +0\.013 +0\.397 +0\.407"),
+    ("09_bursts_and_real_traces.ipynb", "from about 60 ms to about 7 s", r"stable +offered load 0\.77, p99 TTFT 60\.5 ms"
+     r"(.*\n)bursty +offered load 0\.77, p99 TTFT 7,040\.9 ms"),
+    ("09_bursts_and_real_traces.ipynb", "(goodput 2.09\nof 3.01 requests/s)", r"goodput 2\.09 of 3\.01 req/s"),
+    ("09_bursts_and_real_traces.ipynb", "about 40 of its 64 slots", r"mean batch +40\.5 +44\.0"),
+    ("09_bursts_and_real_traces.ipynb", "up to 67 requests in one second\nand 327 in one ten-second window",
+     r"most arrivals in 1 s +16\.00 +67\.00\nmost arrivals in 10 s +98\.00 +327\.00"),
+    ("09_bursts_and_real_traces.ipynb", "nearly uncorrelated (0.09 and 0.00)", r"corr\(log prompt, log output\) +0\.09 +-0\.00"),
+    ("09_bursts_and_real_traces.ipynb", "(p99 TTFT 434 ms against 1.7 to 4.7 s)",
+     r"conversation: p99 TTFT 434 ms replayed; 5 Poisson twins 1,722 to 4,737 ms"),
+    ("09_bursts_and_real_traces.ipynb", "a p99 TTFT of about 16 s, and more than a third of\nthe requests miss 500 ms",
+     r"code: p99 TTFT 16,315 ms replayed; 5 Poisson twins 301 to 335 ms(.*\n)+TTFT <= 500 ms \(%\) .* 62\.97"),
+    ("09_bursts_and_real_traces.ipynb", "(16 s, 23 s, 37 s), but its\n*median* explodes (0.3 s, 1.9 s, 10.4 s)",
+     r"1\.00 +trace +0\.14 +278\.18 +1313\.43 +16315\.15(.*\n)+0\.50 +trace +0\.28 +1892\.67 +4252\.25 +23373\.61"
+     r"(.*\n)+0\.25 +trace +0\.57 +10416\.00 +12473\.74 +36930\.54 .*\n +Poisson twin +0\.57 +166\.05 +238\.09 +1120\.42"),
 ]
 
 
@@ -179,3 +194,12 @@ def test_prose_quotes_what_the_run_printed(name, prose, printed):
     text = "\n".join(c.source for c in nb.cells)
     assert prose in text, f"{name}: the prose no longer says {prose!r}"
     assert re.search(printed, _printed(nb)), f"{name}: the saved run does not print {printed!r}; re-read the prose"
+
+
+def test_trace_lesson_runs_without_the_azure_traces(tmp_path, monkeypatch):
+    """Where ../shared/data/traces is absent (SIMBATCH_TRACE_DIR names an empty folder here), lesson 9
+    says so and replays the shipped sample trace instead of failing."""
+    monkeypatch.setenv("SIMBATCH_TRACE_DIR", str(tmp_path))
+    nb = runner.execute(runner.NOTEBOOK_DIR / "09_bursts_and_real_traces.ipynb", small=True)
+    assert f"no Azure traces in {tmp_path}: replaying simbatch/data/sample_trace.csv instead" in _printed(nb)
+    assert not [o for c in _code_cells(nb) for o in c.outputs if o.output_type == "error"]
