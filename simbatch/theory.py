@@ -218,6 +218,35 @@ def kingman_mean_wait_s(arrival_rate: float, service_mean_s: float, arrival_scv:
     return rho / (1 - rho) * (arrival_scv + service_scv) / 2 * service_mean_s
 
 
+
+# --------------------------------------------------------------------------- several servers, one queue
+def erlang_c(servers: int, offered_erlangs: float) -> float:
+    """P(an arrival waits) in the M/M/c queue with c = ``servers`` and a = lambda E[S] (Erlang's C formula):
+
+        C(c, a) = (a^c / c!) (c / (c - a)) / (sum_{n<c} a^n / n! + (a^c / c!) (c / (c - a))).
+
+    Computed by the stable recursion on Erlang's B formula, B(n) = a B(n-1) / (n + a B(n-1)), then
+    C = c B / (c - a (1 - B)).
+    """
+    if offered_erlangs >= servers:
+        raise ValueError(f"offered load {offered_erlangs / servers:.3f} per server >= 1: the queue has no steady state")
+    blocking = 1.0
+    for n in range(1, servers + 1):
+        blocking = offered_erlangs * blocking / (n + offered_erlangs * blocking)
+    return servers * blocking / (servers - offered_erlangs * (1 - blocking))
+
+
+def mgc_mean_wait_s(arrival_rate: float, service_mean_s: float, service_scv: float, servers: int) -> float:
+    """Mean wait in queue of ``servers`` servers fed by one FCFS queue, Poisson arrivals:
+
+        Wq ~ (1 + c_s^2) / 2 * C(c, a) E[S] / (c - a),   a = lambda E[S]
+
+    the M/M/c wait (exact when c_s^2 = 1) scaled by the Pollaczek-Khinchine factor, the
+    Allen-Cunneen approximation for M/G/c; exact for c = 1 (it is then Pollaczek-Khinchine).
+    """
+    offered = arrival_rate * service_mean_s
+    return (1 + service_scv) / 2 * erlang_c(servers, offered) * service_mean_s / (servers - offered)
+
 # --------------------------------------------------------------------------- continuous batching as a queue
 def ps_fixed_point_latency_s(device: Device, arrival_rate: float, mean_output_tokens: float) -> float:
     """Mean latency of decode-only continuous batching below the slot limit, by the fixed point of

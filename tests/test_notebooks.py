@@ -36,6 +36,7 @@ LESSONS = [
     "07_tails_slos_goodput.ipynb",
     "08_batching_server_as_a_queue.ipynb",
     "09_bursts_and_real_traces.ipynb",
+    "10_fleets_and_pooling.ipynb",
 ]
 SMALL_LINE = 'SMALL = os.environ.get("SIMBATCH_NOTEBOOK_SMALL") == "1"'
 
@@ -179,6 +180,16 @@ QUOTED = [
     ("09_bursts_and_real_traces.ipynb", "(16 s, 23 s, 37 s), but its\n*median* explodes (0.3 s, 1.9 s, 10.4 s)",
      r"1\.00 +trace +0\.14 +278\.18 +1313\.43 +16315\.15(.*\n)+0\.50 +trace +0\.28 +1892\.67 +4252\.25 +23373\.61"
      r"(.*\n)+0\.25 +trace +0\.57 +10416\.00 +12473\.74 +36930\.54 .*\n +Poisson twin +0\.57 +166\.05 +238\.09 +1120\.42"),
+    ("10_fleets_and_pooling.ipynb", "the shared\nqueue would wait about five times less",
+     r"separate queues \(P-K at λ/4\): Wq = 768 ms\n.*Wq = 143 ms, 5\.4x less(.*\n)+random +770\.37"),
+    ("10_fleets_and_pooling.ipynb", "(59 ms against random's 1.1 s)",
+     r"0\.8 +random +14\.551 +76\.089 +1072\.842(.*\n){2} +power_of_two +14\.427 +42\.890 +58\.564"),
+    ("10_fleets_and_pooling.ipynb", "(p99 about\n0.3 s, against 5.9 s)",
+     r"0\.9 +random .* 5908\.468(.*\n){2} +power_of_two .* 366\.096 .*\n +least_outstanding .* 313\.004"),
+    ("10_fleets_and_pooling.ipynb", "(between 0.3 and 1 s here)",
+     r"mean wait 770 ms(.*\n)+ +300 +4\.8 +572\.7(.*\n) +1000 +15\.9 +1390\.4"),
+    ("10_fleets_and_pooling.ipynb", "once the signal is a few seconds old (at 3 s here)",
+     r"power_of_two +0 (.*\n){3} +1000 +15\.9 +654\.7 .*\n +3000 +47\.6 +1216\.2"),
 ]
 
 

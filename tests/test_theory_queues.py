@@ -60,3 +60,23 @@ def test_occupancy_chain_meets_the_fixed_point_in_light_load_and_the_slot_limit_
     assert heavy.sum() == pytest.approx(1.0) and heavy[64:].sum() > 0.5  # most of the time slots are full
     with pytest.raises(ValueError, match="completion rate of a full batch"):
         theory.batching_occupancy_pmf(DEVICE, 64, capacity, 500)
+
+
+def test_erlang_c_on_hand_solved_cases():
+    # One server: P(wait) = rho. Two servers at a = 1: C = (1/2 * 2) / (1 + 1 + 1) = 1/3.
+    assert math.isclose(theory.erlang_c(1, 0.7), 0.7)
+    assert math.isclose(theory.erlang_c(2, 1.0), 1 / 3)
+    with pytest.raises(ValueError, match="per server"):
+        theory.erlang_c(4, 4.0)
+
+
+def test_mgc_wait_reduces_to_pk_and_mmc():
+    lam, es = 3.0, 0.2
+    # c = 1: Pollaczek-Khinchine for any c_s^2.
+    assert math.isclose(theory.mgc_mean_wait_s(lam, es, 0.0, 1), theory.pk_mean_wait_s(lam, es, es**2))
+    assert math.isclose(theory.mgc_mean_wait_s(lam, es, 1.0, 1), theory.pk_mean_wait_s(lam, es, 2 * es**2))
+    # M/M/2, lambda = 3, mu = 2.5: Wq = C / (2 mu - lambda) with C = 2 r^2 / (1 + r) at r = 0.6 (= 0.45).
+    mm2 = theory.mgc_mean_wait_s(lam, 1 / 2.5, 1.0, 2)
+    assert math.isclose(mm2, 0.45 / (5 - 3))
+    # One queue for four servers waits far less than four queues of a quarter of the traffic each.
+    assert theory.mgc_mean_wait_s(4 * lam, es, 1.0, 4) < theory.mgc_mean_wait_s(lam, es, 1.0, 1) / 3
