@@ -119,6 +119,24 @@ def test_reexecution_is_byte_stable(tmp_path):
     assert nbformat.writes(first) == nbformat.writes(second)
 
 
+def test_widgets_are_not_saved(tmp_path):
+    """A slider panel is a live object of its kernel: the saved notebook keeps neither its view (a random
+    model id) nor its state, so re-execution stays byte-stable; the static figure is the lesson's."""
+    path = _probe(tmp_path, "from simbatch.teaching import widgets\nwidgets.sliders()")
+    first, second = (runner.execute(path, small=True) for _ in range(2))
+    assert first.cells[0].outputs == [] and "widgets" not in first.metadata
+    assert nbformat.writes(first) == nbformat.writes(second)
+
+
+@pytest.mark.parametrize("name", ["01_littles_law_and_stability.ipynb", "08_batching_server_as_a_queue.ipynb"])
+def test_lessons_with_sliders_keep_a_static_figure(name):
+    """The sliders cell follows a cell that draws widgets.explore's figure, which a viewer without a kernel shows."""
+    cells = _code_cells(_read(name))
+    at = next(i for i, c in enumerate(cells) if "widgets.sliders(" in c.source)
+    assert "widgets.explore(" in cells[at - 1].source
+    assert any("image/png" in o.get("data", {}) for o in cells[at - 1].outputs)
+
+
 # Figures the lessons' prose quotes, each next to a regular expression over the committed outputs
 # (a full-size run, as test_committed_copy_carries_full_outputs checks): the text says what the run printed.
 QUOTED = [
