@@ -37,6 +37,7 @@ LESSONS = [
     "08_batching_server_as_a_queue.ipynb",
     "09_bursts_and_real_traces.ipynb",
     "10_fleets_and_pooling.ipynb",
+    "12_build_your_own_scheduler.ipynb",
 ]
 SMALL_LINE = 'SMALL = os.environ.get("SIMBATCH_NOTEBOOK_SMALL") == "1"'
 
@@ -208,6 +209,12 @@ QUOTED = [
      r"mean wait 770 ms(.*\n)+ +300 +4\.8 +572\.7(.*\n) +1000 +15\.9 +1390\.4"),
     ("10_fleets_and_pooling.ipynb", "once the signal is a few seconds old (at 3 s here)",
      r"power_of_two +0 (.*\n){3} +1000 +15\.9 +654\.7 .*\n +3000 +47\.6 +1216\.2"),
+    ("12_build_your_own_scheduler.ipynb", "the differences are some $10^{-12}$ s",
+     r"the scaffold: 400 requests; largest difference TTFT \de-1[1-4] s, E2E \de-1[1-4] s; "
+     r"mean E2E 7\.720 s \(yours\) vs 7\.720 s \(simbatch\)"),
+    ("12_build_your_own_scheduler.ipynb", "## 3. Your turn: chunks and memory",
+     r"2\. 1,500 blocks: .*E2E \de-1[1-4] s;.*\n +preemptions: 73 \(yours\), 73 \(simbatch\)(.*\n)+"
+     r"2\. 1,500 blocks, chunked 512: .*E2E \de-1[1-4] s;.*\n +preemptions: 185 \(yours\), 185 \(simbatch\)"),
 ]
 
 
