@@ -53,14 +53,19 @@ def execute(path: Path, *, small: bool, timeout_s: int = 900) -> nbformat.Notebo
     # Inline figures whatever MPLBACKEND the caller has set: the plots must land in the outputs.
     env = {**os.environ, SMALL_ENV: "1" if small else "0", "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
     client.execute(env=env)
+    # A widget is a live object of the kernel that made it: saved, it is a dead reference with a random
+    # id, and its state as well. The lesson draws the static figure a reader without a kernel sees.
+    nb.metadata.pop("widgets", None)
     for cell in nb.cells:
         if cell.cell_type == "code":
-            cell.outputs = coalesce_streams(cell.outputs)
+            cell.outputs = coalesce_streams([o for o in cell.outputs if WIDGET_VIEW not in o.get("data", {})])
             for out in cell.outputs:
                 if "text/plain" in out.get("data", {}):
                     out.data["text/plain"] = _ADDRESS.sub(r"\1>", out.data["text/plain"])
     return nb
 
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 # The default repr of an object names its memory address ("<Line2D at 0x7f1a6566fe50>"), new each run.
 _ADDRESS = re.compile(r"(<[^<>]*) at 0x[0-9a-fA-F]+>")

@@ -197,3 +197,112 @@ def inoue_latency_bound_s(arrival_rate: float, alpha_s: float, tau0_s: float) ->
     phi0 = (a + t0) / (2 * (1 - x)) * (1 + 2 * lam * t0 + (1 - lam * t0) / (1 + x))
     phi1 = 1.5 * t0 / (1 - x) + a * (2 + x) / (2 * (1 - x * x))
     return min(phi0, phi1)
+
+
+# --------------------------------------------------------------------------- general arrivals, one server
+def kingman_mean_wait_s(arrival_rate: float, service_mean_s: float, arrival_scv: float,
+                        service_scv: float) -> float:
+    """Kingman's approximation of the G/G/1 FCFS mean wait in queue:
+
+        Wq ~ rho / (1 - rho) * (c_a^2 + c_s^2) / 2 * E[S]
+
+    with c_a^2 and c_s^2 the squared coefficients of variation of the inter-arrival gaps and of the
+    service times (J. F. C. Kingman, 1961). Exact for Poisson arrivals (c_a^2 = 1: it is then
+    Pollaczek-Khinchine, since E[S^2] = (1 + c_s^2) E[S]^2) and tight in heavy traffic; gamma gaps of
+    shape k (``arrival.burstiness``) have c_a^2 = 1/k. The wait is linear in the variability of
+    both sides: burstier arrivals cost as much as more variable service.
+    """
+    rho = arrival_rate * service_mean_s
+    if rho >= 1:
+        raise ValueError(f"offered load {rho:.3f} >= 1: the queue has no steady state")
+    return rho / (1 - rho) * (arrival_scv + service_scv) / 2 * service_mean_s
+
+
+
+# --------------------------------------------------------------------------- several servers, one queue
+def erlang_c(servers: int, offered_erlangs: float) -> float:
+    """P(an arrival waits) in the M/M/c queue with c = ``servers`` and a = lambda E[S] (Erlang's C formula):
+
+        C(c, a) = (a^c / c!) (c / (c - a)) / (sum_{n<c} a^n / n! + (a^c / c!) (c / (c - a))).
+
+    Computed by the stable recursion on Erlang's B formula, B(n) = a B(n-1) / (n + a B(n-1)), then
+    C = c B / (c - a (1 - B)).
+    """
+    if offered_erlangs >= servers:
+        raise ValueError(f"offered load {offered_erlangs / servers:.3f} per server >= 1: the queue has no steady state")
+    blocking = 1.0
+    for n in range(1, servers + 1):
+        blocking = offered_erlangs * blocking / (n + offered_erlangs * blocking)
+    return servers * blocking / (servers - offered_erlangs * (1 - blocking))
+
+
+def mgc_mean_wait_s(arrival_rate: float, service_mean_s: float, service_scv: float, servers: int) -> float:
+    """Mean wait in queue of ``servers`` servers fed by one FCFS queue, Poisson arrivals:
+
+        Wq ~ (1 + c_s^2) / 2 * C(c, a) E[S] / (c - a),   a = lambda E[S]
+
+    the M/M/c wait (exact when c_s^2 = 1) scaled by the Pollaczek-Khinchine factor, the
+    Allen-Cunneen approximation for M/G/c; exact for c = 1 (it is then Pollaczek-Khinchine).
+    """
+    offered = arrival_rate * service_mean_s
+    return (1 + service_scv) / 2 * erlang_c(servers, offered) * service_mean_s / (servers - offered)
+
+# --------------------------------------------------------------------------- continuous batching as a queue
+def ps_fixed_point_latency_s(device: Device, arrival_rate: float, mean_output_tokens: float) -> float:
+    """Mean latency of decode-only continuous batching below the slot limit, by the fixed point of
+    processor sharing and Little's law.
+
+    With nobody waiting for a slot, the B requests in the system share every step: a request's
+    latency is W = E[out] tau(B), and Little's law makes B = lambda W, so
+    W = E[out] (tau0 + beta lambda W), whose solution is
+
+        W = E[out] tau0 / (1 - lambda E[out] beta).
+
+    A mean-field value: it puts the *mean* batch into tau(B). It holds while lambda W stays well
+    below ``max_num_seqs``; :func:`batching_occupancy_pmf` keeps the fluctuations and the slot limit.
+    """
+    share = arrival_rate * mean_output_tokens * device.beta_ms / 1e3
+    if share >= 1:
+        raise ValueError(f"lambda E[out] beta = {share:.3f} >= 1: the batch grows without bound")
+    return mean_output_tokens * device.tau0_ms / 1e3 / (1 - share)
+
+
+def batching_occupancy_pmf(device: Device, max_num_seqs: int, arrival_rate: float,
+                           mean_output_tokens: float) -> np.ndarray:
+    """P(N = n), n = 0, 1, ..., of the number of requests in a decode-only continuous-batching server.
+
+    The server as a birth-death chain: arrivals at rate lambda; with n requests inside, min(n, B_max)
+    of them run, each step takes tau(min(n, B_max)) and yields one token per running request, so
+    requests complete at rate mu(n) = min(n, B_max) / (E[out] tau(min(n, B_max))). Then
+
+        P(N = n) = P(N = 0) prod_{k=1..n} lambda / mu(k).
+
+    Up to B_max the server is processor sharing with a rate that depends on the number inside, a
+    symmetric queue, so this law is *insensitive*: it holds for any output-length distribution with
+    mean E[out] (F. P. Kelly, *Reversibility and Stochastic Networks*, 1979, ch. 3). Above B_max the
+    extra requests wait first-come first-served for B_max slots, as in an M/G/c queue, and the law
+    is exact only for exponential outputs (for less variable ones fewer wait). Steps are treated as
+    continuous service, which is close when E[out] is many tokens. The support grows until the tail
+    beyond it is below 1e-15; requires lambda < B_max / (E[out] tau(B_max)).
+    """
+    full_rate = max_num_seqs / (mean_output_tokens * step_time_s(device, max_num_seqs))
+    r = arrival_rate / full_rate
+    if r >= 1 - 1e-9:  # at r = 1 up to rounding the geometric tail would never end
+        raise ValueError(f"arrival rate {arrival_rate:.3f}/s >= {full_rate:.3f}/s, the completion rate of a full "
+                         "batch: the queue has no steady state")
+    n = np.arange(1, max_num_seqs + 1)
+    log_ratio = np.log(arrival_rate * mean_output_tokens * (device.tau0_ms + device.beta_ms * n) / 1e3 / n)
+    # Beyond B_max the ratio is constant, r < 1: a geometric tail, cut where what is left,
+    # r^k / (1 - r) of its start, falls below 1e-15.
+    tail = math.ceil(math.log(1e-15 * (1 - r)) / math.log(r)) if r > 0 else 0
+    log_ratio = np.concatenate([log_ratio, np.full(tail, math.log(r))]) if r > 0 else log_ratio
+    log_weights = np.concatenate([[0.0], np.cumsum(log_ratio)])
+    weights = np.exp(log_weights - log_weights.max())  # scaled: at high load the products overflow
+    return weights / weights.sum()
+
+
+def batching_mean_latency_s(device: Device, max_num_seqs: int, arrival_rate: float,
+                            mean_output_tokens: float) -> float:
+    """Mean time in the system, E[N] / lambda (Little's law) over :func:`batching_occupancy_pmf`."""
+    pmf = batching_occupancy_pmf(device, max_num_seqs, arrival_rate, mean_output_tokens)
+    return float(pmf @ np.arange(len(pmf))) / arrival_rate

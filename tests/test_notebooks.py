@@ -1,7 +1,7 @@
 """The teaching notebooks: each runs top to bottom in a fresh kernel, and the committed copies carry outputs.
 
-CI executes every notebook with ``SIMBATCH_NOTEBOOK_SMALL=1`` (short horizons): about 35 s for all
-seven on an idle 2-core machine. ``make notebooks`` runs them at full size and saves the outputs.
+CI executes every notebook with ``SIMBATCH_NOTEBOOK_SMALL=1`` (short horizons): about 35 s for the
+first seven on an idle 2-core machine. ``make notebooks`` runs them at full size and saves the outputs.
 """
 
 from __future__ import annotations
@@ -34,6 +34,10 @@ LESSONS = [
     "05_chunked_prefill.ipynb",
     "06_policies_and_fairness.ipynb",
     "07_tails_slos_goodput.ipynb",
+    "08_batching_server_as_a_queue.ipynb",
+    "09_bursts_and_real_traces.ipynb",
+    "10_fleets_and_pooling.ipynb",
+    "12_build_your_own_scheduler.ipynb",
 ]
 SMALL_LINE = 'SMALL = os.environ.get("SIMBATCH_NOTEBOOK_SMALL") == "1"'
 
@@ -116,6 +120,23 @@ def test_reexecution_is_byte_stable(tmp_path):
     assert nbformat.writes(first) == nbformat.writes(second)
 
 
+def test_widgets_are_not_saved(tmp_path):
+    """A slider panel is a live object of its kernel: the saved notebook keeps neither its view (a random
+    model id) nor its state, so re-execution stays byte-stable; the static figure is the lesson's."""
+    path = _probe(tmp_path, "from simbatch.teaching import widgets\nwidgets.sliders()")
+    nb = runner.execute(path, small=True)
+    assert nb.cells[0].outputs == [] and "widgets" not in nb.metadata  # nothing random left to differ
+
+
+@pytest.mark.parametrize("name", ["01_littles_law_and_stability.ipynb", "08_batching_server_as_a_queue.ipynb"])
+def test_lessons_with_sliders_keep_a_static_figure(name):
+    """The sliders cell follows a cell that draws widgets.explore's figure, which a viewer without a kernel shows."""
+    cells = _code_cells(_read(name))
+    at = next(i for i, c in enumerate(cells) if "widgets.sliders(" in c.source)
+    assert "widgets.explore(" in cells[at - 1].source
+    assert any("image/png" in o.get("data", {}) for o in cells[at - 1].outputs)
+
+
 # Figures the lessons' prose quotes, each next to a regular expression over the committed outputs
 # (a full-size run, as test_committed_copy_carries_full_outputs checks): the text says what the run printed.
 QUOTED = [
@@ -147,6 +168,54 @@ QUOTED = [
     ("07_tails_slos_goodput.ipynb", "Goodput tracks throughput up to 2.5 requests/s",
      r"2\.50 +2\.50 +2\.50 .*\n3\.00 +2\.95 +2\.05 .*\n3\.25 +3\.21 +1\.64 +29\.95 .*\n3\.50 +3\.45 +0\.71 +31\.42"),
     ("07_tails_slos_goodput.ipynb", "at about 2.7 requests/s, 69 % of capacity", r"up to 2\.68 req/s \(69% of capacity 3\.90\)"),
+    ("08_batching_server_as_a_queue.ipynb", "wait almost twice as long", r"exponential answers wait 1\.90x as long"),
+    ("08_batching_server_as_a_queue.ipynb", "Both estimates cover the formula's 85 ms",
+     r"saves 85 ms of mean wait\n +common random numbers: 89 ± 7 ms .*\n +independent seeds: +101 ± 29 ms"),
+    ("08_batching_server_as_a_queue.ipynb", "(±7 ms against ±29 ms)", r"common random numbers: 89 ± 7 ms"),
+    ("08_batching_server_as_a_queue.ipynb", "pulls the mean down by more than\nits own interval",
+     r"mean latency 14\.44 s(.*\n)+ +every request +mean E2E 14\.21 ± 0\.08 s\n +arrivals in .* mean E2E 14\.38 ± 0\.09 s"),
+    ("08_batching_server_as_a_queue.ipynb", "too low for\nvery bursty arrivals, too high for very smooth ones",
+     r"4\.00 +0\.2 +941\.7 +1133\.7 +60\.8 +-16\.9\n(.*\n)+0\.25 +4\.0 +58\.9 +38\.3 +0\.8 +53\.5"),
+    ("08_batching_server_as_a_queue.ipynb", "fixed 500-token answers take 14.4 s on\naverage",
+     r"3\.0 +0\.77 +14\.29 +14\.44 +0\.01 +14\.42 +0\.09"),
+    ("08_batching_server_as_a_queue.ipynb", "(15.7 s against 16.0 s, outside their interval)",
+     r"3\.5 +0\.90 +15\.38 +16\.03 +0\.19 +15\.68 +0\.13"),
+    ("08_batching_server_as_a_queue.ipynb", "(18.0 s against 20.3 and 20.5 s)",
+     r"3\.8 +0\.97 +16\.13 +23\.16 +0\.70 +17\.98 +0\.73 +20\.25 +2\.52 +20\.55"),
+    ("08_batching_server_as_a_queue.ipynb", "already busy some 40 % of the time",
+     r"0\.05 +0\.013 +0\.397 +0\.407"),
+    ("08_batching_server_as_a_queue.ipynb", "(13.5 s against the chain's 14.5 s)",
+     r"offered load 0\.77; chain 14\.5 s, measured mean E2E 13\.5 s"),
+    ("09_bursts_and_real_traces.ipynb", "from about 60 ms to about 7 s", r"stable +offered load 0\.77, p99 TTFT 60\.5 ms"
+     r"(.*\n)bursty +offered load 0\.77, p99 TTFT 7,040\.9 ms"),
+    ("09_bursts_and_real_traces.ipynb", "(goodput 2.09\nof 3.01 requests/s)", r"goodput 2\.09 of 3\.01 req/s"),
+    ("09_bursts_and_real_traces.ipynb", "about 40 of its 64 slots", r"mean batch +40\.5 +44\.0"),
+    ("09_bursts_and_real_traces.ipynb", "up to 67 requests in one second\nand 327 in one ten-second window",
+     r"most arrivals in 1 s +16\.00 +67\.00\nmost arrivals in 10 s +98\.00 +327\.00"),
+    ("09_bursts_and_real_traces.ipynb", "nearly uncorrelated (0.09 and 0.00)", r"corr\(log prompt, log output\) +0\.09 +-0\.00"),
+    ("09_bursts_and_real_traces.ipynb", "(p99 TTFT 434 ms against 1.7 to 4.7 s)",
+     r"conversation: p99 TTFT 434 ms replayed; 5 Poisson twins 1,722 to 4,737 ms"),
+    ("09_bursts_and_real_traces.ipynb", "a p99 TTFT of about 16 s, and more than a third of\nthe requests miss 500 ms",
+     r"code: p99 TTFT 16,315 ms replayed; 5 Poisson twins 301 to 335 ms(.*\n)+TTFT <= 500 ms \(%\) .* 62\.97"),
+    ("09_bursts_and_real_traces.ipynb", "(16 s, 23 s, 37 s), but its\n*median* explodes (0.3 s, 1.9 s, 10.4 s)",
+     r"1\.00 +trace +0\.14 +278\.18 +1313\.43 +16315\.15(.*\n)+0\.50 +trace +0\.28 +1892\.67 +4252\.25 +23373\.61"
+     r"(.*\n)+0\.25 +trace +0\.57 +10416\.00 +12473\.74 +36930\.54 .*\n +Poisson twin +0\.57 +166\.05 +238\.09 +1120\.42"),
+    ("10_fleets_and_pooling.ipynb", "the shared\nqueue would wait about five times less",
+     r"separate queues \(P-K at λ/4\): Wq = 768 ms\n.*Wq = 143 ms, 5\.4x less(.*\n)+random +770\.37"),
+    ("10_fleets_and_pooling.ipynb", "(59 ms against random's 1.1 s)",
+     r"0\.8 +random +14\.551 +76\.089 +1072\.842(.*\n){2} +power_of_two +14\.427 +42\.890 +58\.564"),
+    ("10_fleets_and_pooling.ipynb", "(p99 about\n0.3 s, against 5.9 s)",
+     r"0\.9 +random .* 5908\.468(.*\n){2} +power_of_two .* 366\.096 .*\n +least_outstanding .* 313\.004"),
+    ("10_fleets_and_pooling.ipynb", "(between 0.3 and 1 s here)",
+     r"mean wait 770 ms(.*\n)+ +300 +4\.8 +572\.7(.*\n) +1000 +15\.9 +1390\.4"),
+    ("10_fleets_and_pooling.ipynb", "once the signal is a few seconds old (at 3 s here)",
+     r"power_of_two +0 (.*\n){3} +1000 +15\.9 +654\.7 .*\n +3000 +47\.6 +1216\.2"),
+    ("12_build_your_own_scheduler.ipynb", "the differences are some $10^{-12}$ s",
+     r"the scaffold: 400 requests; largest difference TTFT \de-1[1-4] s, E2E \de-1[1-4] s; "
+     r"mean E2E 7\.720 s \(yours\) vs 7\.720 s \(simbatch\)"),
+    ("12_build_your_own_scheduler.ipynb", "## 3. Your turn: chunks and memory",
+     r"2\. 1,500 blocks: .*E2E \de-1[1-4] s;.*\n +preemptions: 73 \(yours\), 73 \(simbatch\)(.*\n)+"
+     r"2\. 1,500 blocks, chunked 512: .*E2E \de-1[1-4] s;.*\n +preemptions: 185 \(yours\), 185 \(simbatch\)"),
 ]
 
 
@@ -162,3 +231,12 @@ def test_prose_quotes_what_the_run_printed(name, prose, printed):
     text = "\n".join(c.source for c in nb.cells)
     assert prose in text, f"{name}: the prose no longer says {prose!r}"
     assert re.search(printed, _printed(nb)), f"{name}: the saved run does not print {printed!r}; re-read the prose"
+
+
+def test_trace_lesson_runs_without_the_azure_traces(tmp_path, monkeypatch):
+    """Where ../shared/data/traces is absent (SIMBATCH_TRACE_DIR names an empty folder here), lesson 9
+    says so and replays the shipped sample trace instead of failing."""
+    monkeypatch.setenv("SIMBATCH_TRACE_DIR", str(tmp_path))
+    nb = runner.execute(runner.NOTEBOOK_DIR / "09_bursts_and_real_traces.ipynb", small=True)
+    assert f"no Azure traces in {tmp_path}: replaying simbatch/data/sample_trace.csv instead" in _printed(nb)
+    assert not [o for c in _code_cells(nb) for o in c.outputs if o.output_type == "error"]

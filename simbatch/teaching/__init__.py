@@ -1,0 +1,1 @@
+"""Helpers for the teaching notebooks (``notebooks/``): code a lesson would otherwise repeat."""
