@@ -261,7 +261,7 @@ def ps_fixed_point_latency_s(device: Device, arrival_rate: float, mean_output_to
     A mean-field value: it puts the *mean* batch into tau(B). It holds while lambda W stays well
     below ``max_num_seqs``; :func:`batching_occupancy_pmf` keeps the fluctuations and the slot limit.
     """
-    share = arrival_rate * mean_output_tokens * device.beta_ms / 1e3
+    share = arrival_rate * mean_output_tokens * device.beta_s
     if share >= 1:
         raise ValueError(f"lambda E[out] beta = {share:.3f} >= 1: the batch grows without bound")
     return mean_output_tokens * device.tau0_ms / 1e3 / (1 - share)
@@ -291,7 +291,7 @@ def batching_occupancy_pmf(device: Device, max_num_seqs: int, arrival_rate: floa
         raise ValueError(f"arrival rate {arrival_rate:.3f}/s >= {full_rate:.3f}/s, the completion rate of a full "
                          "batch: the queue has no steady state")
     n = np.arange(1, max_num_seqs + 1)
-    log_ratio = np.log(arrival_rate * mean_output_tokens * (device.tau0_ms + device.beta_ms * n) / 1e3 / n)
+    log_ratio = np.log(arrival_rate * mean_output_tokens * step_time_s(device, n) / n)
     # Beyond B_max the ratio is constant, r < 1: a geometric tail, cut where what is left,
     # r^k / (1 - r) of its start, falls below 1e-15.
     tail = math.ceil(math.log(1e-15 * (1 - r)) / math.log(r)) if r > 0 else 0
