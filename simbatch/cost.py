@@ -75,18 +75,18 @@ def floor_sum(n: int, m: int, a: int, b: int) -> int:
         m, a = a, m
 
 
-@dataclass(frozen=True, slots=True)
 class StepRun:
     """The durations of consecutive repeats of one plan: repeat ``i`` (from 0) lasts
-    ``base_ns + (num + i * inc) // _DEN`` ns (``inc`` is 0 unless the context grows)."""
+    ``base_ns + (num + i * inc) // _DEN`` ns (``inc`` is 0 unless the context grows).
 
-    base_ns: int
-    num: int
-    inc: int
+    A plain class, not a dataclass: the accelerated engine makes one per run of steps.
+    """
 
-    @property
-    def first_ns(self) -> int:
-        return self.base_ns + self.num // _DEN
+    __slots__ = ("base_ns", "num", "inc", "first_ns")
+
+    def __init__(self, base_ns: int, num: int, inc: int):
+        self.base_ns, self.num, self.inc = base_ns, num, inc
+        self.first_ns = base_ns + num // _DEN
 
     def ns(self, i0: int, m: int) -> int:
         """Total duration of repeats ``i0 .. i0 + m - 1``, ns."""
@@ -170,26 +170,28 @@ class LinearCost:
             return base
         return base + self._context_units(kv_tokens, 2 * attention_pairs) / _DEN / 1e6
 
-    def _base_ms(self, plan: StepPlan) -> float:
-        return self.step_ms(plan.decode_seqs + plan.padded_decode_seqs,
-                            plan.prefill_tokens + plan.padded_prefill_tokens, plan.swap_blocks)
+    def _base_ns(self, plan: StepPlan) -> int:
+        """The plan's step time without its context terms, on the clock's grid."""
+        return step_ns(self.step_ms(plan.decode_seqs + plan.padded_decode_seqs,
+                                    plan.prefill_tokens + plan.padded_prefill_tokens, plan.swap_blocks))
 
     def plan_ns(self, plan: StepPlan) -> int:
         """Duration of a planned step on the clock's grid, ns: its decodes and prefill tokens, padding
         included, and swaps, rounded as ever, plus its context read and prefill attention rounded by
         themselves (half up)."""
-        base = step_ns(self._base_ms(plan))
+        base = self._base_ns(plan)
         if not (self.kv_read_fs_per_token or self.attention_fs_per_pair):
             return base
         return base + (self._context_units(plan.kv_tokens, plan.attention_pairs_x2) + _DEN // 2) // _DEN
 
-    def run(self, plan: StepPlan) -> StepRun:
+    def run(self, plan: StepPlan, first_ns: int | None = None) -> StepRun:
         """The durations of repeats of ``plan``, a decode-only plan (a prefill never repeats): each
-        repeat, every decode slot, padded ones included, reads one more cached token."""
+        repeat, every decode slot, padded ones included, reads one more cached token. ``first_ns``:
+        ``plan_ns(plan)`` when the caller has it already."""
         if not self.kv_read_fs_per_token:
-            return StepRun(self.plan_ns(plan), _DEN // 2, 0)
+            return StepRun(self.plan_ns(plan) if first_ns is None else first_ns, _DEN // 2, 0)
         slots = plan.decode_seqs + plan.padded_decode_seqs
-        return StepRun(step_ns(self._base_ms(plan)),
+        return StepRun(self._base_ns(plan),
                        self._context_units(plan.kv_tokens, plan.attention_pairs_x2) + _DEN // 2,
                        2 * self.kv_read_fs_per_token * slots)
 

@@ -88,7 +88,7 @@ class AcceleratedReplica(Replica):
         env, sched, rec, index = self.env, self.scheduler, self.recorder, self.index
         # Bound once: this loop runs a few times per request.
         schedule, repeatable_steps, record = sched.schedule, sched.repeatable_steps, rec.record_steps
-        step_duration_ns, planned, cost_run = self.step_duration_ns, self._planned, self.cost.run
+        step_duration_ns, planned, cost_run = self.cost.plan_ns, self._planned, self.cost.run
         run_ahead, stop_at = self.run_ahead, self.stop_at_ns  # set by the cluster before the run starts
         contiguous, now = False, env.now  # now: this replica's clock, ahead of env.now when running ahead
         late = self.plans_after_sends  # a client: plan after the sends of this instant (no running ahead)
@@ -120,7 +120,7 @@ class AcceleratedReplica(Replica):
                     self._observed(now_s, duration / NS_PER_S, 1, plan)
                 n = 1
             else:
-                run = cost_run(plan)
+                run = cost_run(plan, duration)
                 n, start = 0, now  # steps of this plan done so far; start of the part in progress
                 while n < k:
                     self._run_ctx = (plan, shape, contiguous)

@@ -284,9 +284,10 @@ class ContinuousScheduler(BaseScheduler):
 
     def _drop_finished(self, finished: list[Request]) -> None:
         """Release the step's finished requests, in running (admission) order as vLLM frees them:
-        with prefix caching the order their blocks join the free queue decides what is evicted first."""
+        with prefix caching the order their blocks join the free queue decides what is evicted first
+        (without it, which blocks are reused is seen nowhere, and the order is left as it comes)."""
         release = self.kv.release
-        for req in sorted(finished, key=_admission_order) if len(finished) > 1 else finished:
+        for req in sorted(finished, key=_admission_order) if len(finished) > 1 and self.kv.caching else finished:
             release(req)
         if len(finished) < 8:
             for req in finished:

@@ -157,12 +157,14 @@ class LockstepScheduler(ContinuousScheduler):
         """Out of the lockstep, its counters stored as they stand (its heap entry goes stale: see
         _retire_done)."""
         bs = self.kv.block_size
-        p = (self.clock - req.num_computed_tokens) % bs
+        computed = req.num_computed_tokens
+        p = (self.clock - computed) % bs
         self._phase[p] -= 1
         self._phase[p + bs] -= 1
         del self._phase_members[p][req]
-        counters = (req.num_computed_tokens, req.num_generated, req.last_token_s, req.last_token_step)
-        own = self.member_blocks(req) - len(req.block_ids)  # blocks the group took for it
+        counters = (computed, req.num_generated, req.last_token_s, req.last_token_step)
+        planned = self._group_reserved and (self._granted_all or req in self._granted)
+        own = blocks_for(computed + planned, bs) - len(req.block_ids)  # blocks the group took for it
         if own:
             held = self._group_block_ids
             req.block_ids = [*req.block_ids, *held[-own:]]

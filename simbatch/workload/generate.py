@@ -48,10 +48,11 @@ class WorkloadArrays:
         n = len(self.arrival_s)
         if self.session is None:
             object.__setattr__(self, "session", np.arange(n, dtype=np.int64))
+        # Without prefixes, one value seen n times: a broadcast view, no memory per request.
         if self.prefix_stream is None:
-            object.__setattr__(self, "prefix_stream", np.full(n, OWN_STREAM, dtype=np.int64))
+            object.__setattr__(self, "prefix_stream", np.broadcast_to(np.int64(OWN_STREAM), (n,)))
         if self.shared_prefix_tokens is None:
-            object.__setattr__(self, "shared_prefix_tokens", np.zeros(n, dtype=np.int64))
+            object.__setattr__(self, "shared_prefix_tokens", np.broadcast_to(np.int64(0), (n,)))
         columns = (self.arrival_s, self.prompt_tokens, self.output_tokens, self.tenant, self.priority,
                    self.session, self.prefix_stream, self.shared_prefix_tokens)
         if len({len(c) for c in columns}) != 1:
