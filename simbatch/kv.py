@@ -248,7 +248,7 @@ class KVCacheManager:
                 _check_identities(pool, ids, name)
 
 
-FULL_CHECK_BLOCKS = 1024
+FULL_CHECK_BLOCKS = 64
 FULL_CHECK_EVERY = 64
 
 
