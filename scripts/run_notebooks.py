@@ -26,6 +26,7 @@ import nbformat
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
+from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = ROOT / "notebooks"
@@ -37,12 +38,30 @@ def notebooks() -> list[Path]:
     return sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
 
 
-def execute(path: Path, *, small: bool, timeout_s: int = 900) -> nbformat.NotebookNode:
+def execute(path: Path, *, small: bool, timeout_s: int | None = None, attempts: int = 2) -> nbformat.NotebookNode:
     """Run every cell of ``path`` top to bottom in a new kernel started in its folder.
 
     Raises ``nbclient.exceptions.CellExecutionError`` (naming the cell and the traceback) on the first
     failing cell. Returns the notebook with its new outputs; the file is left untouched.
+
+    A cell that gets no answer within ``timeout_s`` (small runs: 180 s; full: 900 s) is a kernel that
+    stopped answering, not a lesson that failed: on a loaded machine a freshly started kernel now and
+    then never sees the first request (both sides wait, idle, for ever). Such a run is started again,
+    once, in a fresh kernel, and said so on stderr; an error in a cell is never retried.
     """
+    timeout_s = timeout_s or (180 if small else 900)
+    for attempt in range(1, attempts + 1):
+        try:
+            return _execute_once(path, small=small, timeout_s=timeout_s)
+        except (CellTimeoutError, DeadKernelError) as exc:
+            if attempt == attempts:
+                raise
+            print(f"{path.name}: the kernel stopped answering ({type(exc).__name__}); running it again in a "
+                  "fresh kernel", file=sys.stderr)
+    raise AssertionError("unreachable")
+
+
+def _execute_once(path: Path, *, small: bool, timeout_s: int) -> nbformat.NotebookNode:
     nb = nbformat.read(path, as_version=4)
     for cell in nb.cells:
         cell.metadata.pop("execution", None)  # timestamps of an earlier run

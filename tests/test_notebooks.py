@@ -240,3 +240,38 @@ def test_trace_lesson_runs_without_the_azure_traces(tmp_path, monkeypatch):
     nb = runner.execute(runner.NOTEBOOK_DIR / "09_bursts_and_real_traces.ipynb", small=True)
     assert f"no Azure traces in {tmp_path}: replaying simbatch/data/sample_trace.csv instead" in _printed(nb)
     assert not [o for c in _code_cells(nb) for o in c.outputs if o.output_type == "error"]
+
+
+def test_a_kernel_that_stops_answering_is_given_one_fresh_start(monkeypatch, capsys):
+    """A timeout is retried once in a fresh kernel; a second timeout, or an error in a cell, is not."""
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError
+
+    calls = []
+
+    def flaky(path, *, small, timeout_s):
+        calls.append(timeout_s)
+        if len(calls) == 1:
+            raise CellTimeoutError("no reply")
+        return "ran"
+
+    monkeypatch.setattr(runner, "_execute_once", flaky)
+    assert runner.execute(Path("lesson.ipynb"), small=True) == "ran" and calls == [180, 180]
+    assert "stopped answering" in capsys.readouterr().err
+
+    def always(path, *, small, timeout_s):
+        raise CellTimeoutError("no reply")
+
+    monkeypatch.setattr(runner, "_execute_once", always)
+    with pytest.raises(CellTimeoutError):
+        runner.execute(Path("lesson.ipynb"), small=False)
+
+    failures = []
+
+    def failing(path, *, small, timeout_s):
+        failures.append(1)
+        raise CellExecutionError("trace", "ename", "evalue")
+
+    monkeypatch.setattr(runner, "_execute_once", failing)
+    with pytest.raises(CellExecutionError):
+        runner.execute(Path("lesson.ipynb"), small=True)
+    assert failures == [1]
