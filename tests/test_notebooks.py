@@ -246,32 +246,28 @@ def test_a_kernel_that_stops_answering_is_given_one_fresh_start(monkeypatch, cap
     """A timeout is retried once in a fresh kernel; a second timeout, or an error in a cell, is not."""
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
-    calls = []
+    def runs(*outcomes):
+        """An ``_execute_once`` that raises or returns ``outcomes`` in turn, and the timeouts it was given."""
+        given = []
 
-    def flaky(path, *, small, timeout_s):
-        calls.append(timeout_s)
-        if len(calls) == 1:
-            raise CellTimeoutError("no reply")
-        return "ran"
+        def run(path, *, small, timeout_s):
+            given.append(timeout_s)
+            outcome = outcomes[len(given) - 1]
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
 
-    monkeypatch.setattr(runner, "_execute_once", flaky)
-    assert runner.execute(Path("lesson.ipynb"), small=True) == "ran" and calls == [180, 180]
+        monkeypatch.setattr(runner, "_execute_once", run)
+        return given
+
+    given = runs(CellTimeoutError("no reply"), "ran")
+    assert runner.execute(Path("lesson.ipynb"), small=True) == "ran" and given == [180, 180]
     assert "stopped answering" in capsys.readouterr().err
-
-    def always(path, *, small, timeout_s):
-        raise CellTimeoutError("no reply")
-
-    monkeypatch.setattr(runner, "_execute_once", always)
+    given = runs(CellTimeoutError("no reply"), CellTimeoutError("no reply"))
     with pytest.raises(CellTimeoutError):
         runner.execute(Path("lesson.ipynb"), small=False)
-
-    failures = []
-
-    def failing(path, *, small, timeout_s):
-        failures.append(1)
-        raise CellExecutionError("trace", "ename", "evalue")
-
-    monkeypatch.setattr(runner, "_execute_once", failing)
+    assert given == [900, 900]
+    given = runs(CellExecutionError("trace", "ename", "evalue"))
     with pytest.raises(CellExecutionError):
         runner.execute(Path("lesson.ipynb"), small=True)
-    assert failures == [1]
+    assert given == [180]
