@@ -239,3 +239,21 @@ def test_prefix_settings_that_cannot_work_are_one_line_errors(tmp_path, sets, sa
         args += ["--set", s]
     done = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert done.returncode == 2 and says in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
+
+
+def test_a_caching_run_plots_its_hit_rate_and_a_comparison_shows_both(tmp_path):
+    from simbatch.plots import save_compare_plots, save_run_plots
+
+    sc = scenario_from_dict({
+        "workload": {"num_requests": 60, "arrival": {"rate": 4.0}, "num_sessions": 4,
+                     "prompt_tokens": {"dist": "fixed", "value": 40}, "output_tokens": {"dist": "fixed", "value": 8},
+                     "prefix": {"shared_tokens": 64, "multi_turn": True}},
+        "kv_cache": {"enable_prefix_caching": True}})
+    cached = simulate(sc)
+    plain = simulate(sc.model_copy(update={"kv_cache": sc.kv_cache.model_copy(update={"enable_prefix_caching": False})}))
+    for name in ("cached", "plain", "both"):
+        (tmp_path / name).mkdir()
+    assert "prefix_cache.png" in {p.name for p in save_run_plots(tmp_path / "cached", cached)}
+    assert "prefix_cache.png" not in {p.name for p in save_run_plots(tmp_path / "plain", plain)}
+    compared = save_compare_plots(tmp_path / "both", {"cache": cached, "none": plain})
+    assert "prefix_cache.png" in {p.name for p in compared}

@@ -15,6 +15,7 @@ from simbatch.config import Scenario, replica_scenarios
 from simbatch.plots.cluster import load_imbalance, replica_load
 from simbatch.plots.figure import Frames, Run, save_figure
 from simbatch.plots.latency import e2e_histogram, latency_by_request, ttft_cdf
+from simbatch.plots.prefix import prefix_cache
 from simbatch.plots.timeseries import (
     batch_size,
     cumulative_output_tokens,
@@ -25,7 +26,7 @@ from simbatch.plots.timeseries import (
 from simbatch.simulation import Result
 
 __all__ = ["Frames", "Run", "batch_size", "load_imbalance", "replica_load", "cumulative_output_tokens", "e2e_histogram", "kv_usage",
-           "latency_by_request", "output_throughput", "running_waiting", "save_compare_plots", "save_figure",
+           "latency_by_request", "output_throughput", "prefix_cache", "running_waiting", "save_compare_plots", "save_figure",
            "save_run_plots", "ttft_cdf"]
 
 
@@ -49,6 +50,8 @@ def save_run_plots(folder: Path, result: Result) -> list[Path]:
         "ttft_cdf": ttft_cdf(runs, slo=sc.slo),
         "e2e_histogram": e2e_histogram(runs, full_batch_latency_s=st.full_batch_latency_s),
     }
+    if "prefix_cache_hit_rate" in result.summary:
+        figures["prefix_cache"] = prefix_cache(runs)
     n = sc.cluster.replicas
     if n > 1:
         figures["replica_load"] = replica_load(result, n, slots=slots // n if not sc.cluster.replica_specs else None)
@@ -78,4 +81,8 @@ def save_compare_plots(folder: Path, results: Mapping[str, Frames]) -> list[Path
         figures["ttft_cdf"] = ttft_cdf(with_ttft, slo=slo)
     if with_steps:
         figures["latency_by_request"] = latency_by_request(with_steps)
+    caching = {label: r for label, r in with_ttft.items() if "num_cached_tokens" in r.requests
+               and r.requests["num_cached_tokens"].any()}
+    if caching:
+        figures["prefix_cache"] = prefix_cache(with_ttft)  # every run, those without a cache at 0 %
     return [save_figure(fig, folder / f"{name}.png") for name, fig in figures.items()]
