@@ -27,6 +27,9 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/ is no package: find the sibling below
+from collapse_answers import collapse  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = ROOT / "notebooks"
 SMALL_ENV = "SIMBATCH_NOTEBOOK_SMALL"
@@ -41,7 +44,8 @@ def execute(path: Path, *, small: bool, timeout_s: int = 900) -> nbformat.Notebo
     """Run every cell of ``path`` top to bottom in a new kernel started in its folder.
 
     Raises ``nbclient.exceptions.CellExecutionError`` (naming the cell and the traceback) on the first
-    failing cell. Returns the notebook with its new outputs; the file is left untouched.
+    failing cell. Returns the notebook with its new outputs and its answers collapsed; the file is left
+    untouched.
     """
     nb = nbformat.read(path, as_version=4)
     for cell in nb.cells:
@@ -70,7 +74,7 @@ def execute(path: Path, *, small: bool, timeout_s: int = 900) -> nbformat.Notebo
             for out in cell.outputs:
                 if "text/plain" in out.get("data", {}):
                     out.data["text/plain"] = _ADDRESS.sub(r"\1>", out.data["text/plain"])
-    return nb
+    return collapse(nb)  # the worked answers open collapsed (scripts/collapse_answers.py)
 
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
