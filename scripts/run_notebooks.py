@@ -2,7 +2,8 @@
 
 ``make notebooks`` runs this at full size and writes the outputs back into ``notebooks/*.ipynb``, so
 the plots render when the notebooks are browsed. ``tests/test_notebooks.py`` runs the same function
-with ``SIMBATCH_NOTEBOOK_SMALL=1`` (short horizons) and saves nothing.
+with ``SIMBATCH_NOTEBOOK_SMALL=1`` (short horizons) and saves nothing. Either way the worked answers
+come back collapsed (``scripts/collapse_answers.py``).
 
 The kernel is always the interpreter running this script, whatever kernels the machine has
 registered: a notebook must see the simbatch it is shipped with, and CI has nothing but the venv.

@@ -17,14 +17,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load_runner():
-    spec = importlib.util.spec_from_file_location("run_notebooks", ROOT / "scripts" / "run_notebooks.py")
+def _load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-runner = _load_runner()
+runner = _load_script("run_notebooks")
+answers = _load_script("collapse_answers")
 
 LESSONS = [
     "01_littles_law_and_stability.ipynb",
@@ -136,6 +137,59 @@ def test_lessons_with_sliders_keep_a_static_figure(name):
     at = next(i for i, c in enumerate(cells) if "widgets.sliders(" in c.source)
     assert "widgets.explore(" in cells[at - 1].source
     assert any("image/png" in o.get("data", {}) for o in cells[at - 1].outputs)
+
+
+def _hidden(cell) -> bool:
+    flags = cell.metadata.get("jupyter", {})
+    return flags.get("source_hidden") is True and flags.get("outputs_hidden") is True
+
+
+@pytest.mark.parametrize("name", LESSONS)
+def test_answers_open_collapsed(name):
+    """Every cell after "## Answers" opens collapsed in Jupyter; the heading, alone at the end of its
+    cell, and everything before it stay open (`make notebooks` keeps it so, via collapse_answers.py)."""
+    nb = _read(name)
+    at = answers.answers_heading_at(nb)
+    assert nb.cells[at].source.splitlines()[-1] == "## Answers", "answer text shows under the heading"
+    assert at < len(nb.cells) - 1 and all(_hidden(c) for c in nb.cells[at + 1:])
+    assert not any(c.metadata.get("jupyter", {}).get(k) for c in nb.cells[:at + 1] for k in answers.HIDDEN)
+
+
+def _lesson_probe() -> nbformat.NotebookNode:
+    v4 = nbformat.v4
+    was_hidden = v4.new_code_cell("x = 1", metadata={"jupyter": {"source_hidden": True, "outputs_hidden": True}})
+    return v4.new_notebook(cells=[v4.new_markdown_cell("# A lesson"), was_hidden,
+                                  v4.new_markdown_cell("## Exercises\n\n1. Why?\n\n## Answers\n\n1. Because."),
+                                  v4.new_code_cell("print(x)")])
+
+
+def test_collapse_moves_answer_text_out_of_the_heading_and_is_idempotent():
+    nb = answers.collapse(_lesson_probe())
+    assert [c.source for c in nb.cells[2:]] == ["## Exercises\n\n1. Why?\n\n## Answers", "1. Because.", "print(x)"]
+    assert nb.cells[3].id == f"{nb.cells[2].id}-answers"  # derived, so a re-run writes the same file
+    assert [_hidden(c) for c in nb.cells] == [False, False, False, True, True]
+    assert "jupyter" not in nb.cells[1].metadata  # a lesson cell collapsed by hand is opened again
+    once = nbformat.writes(nb)
+    assert nbformat.writes(answers.collapse(nb)) == once
+    nbformat.validate(nb)
+
+
+def test_runner_collapses_the_answers(tmp_path):
+    path = tmp_path / "lesson.ipynb"
+    nbformat.write(_lesson_probe(), path)
+    nb = runner.execute(path, small=True)
+    assert nb.cells[-1].outputs[0].text == "1\n" and _hidden(nb.cells[-1]) and _hidden(nb.cells[-2])
+
+
+def test_collapse_script_refuses_a_lesson_without_answers_and_writes_nothing(tmp_path, capsys):
+    good, bad = tmp_path / "good.ipynb", tmp_path / "bad.ipynb"
+    nbformat.write(_lesson_probe(), good)
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("## Exercises")]), bad)
+    before = good.read_text()
+    assert answers.main([str(good), str(bad)]) == 2
+    assert "no '## Answers' heading in bad.ipynb" in capsys.readouterr().err
+    assert good.read_text() == before
+    assert answers.main([str(good)]) == 0 and _hidden(nbformat.read(good, as_version=4).cells[-1])
 
 
 # Figures the lessons' prose quotes, each next to a regular expression over the committed outputs
