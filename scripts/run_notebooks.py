@@ -2,7 +2,8 @@
 
 ``make notebooks`` runs this at full size and writes the outputs back into ``notebooks/*.ipynb``, so
 the plots render when the notebooks are browsed. ``tests/test_notebooks.py`` runs the same function
-with ``SIMBATCH_NOTEBOOK_SMALL=1`` (short horizons) and saves nothing.
+with ``SIMBATCH_NOTEBOOK_SMALL=1`` (short horizons) and saves nothing. Either way the worked answers
+come back collapsed (``scripts/collapse_answers.py``).
 
 The kernel is always the interpreter running this script, whatever kernels the machine has
 registered: a notebook must see the simbatch it is shipped with, and CI has nothing but the venv.
@@ -28,6 +29,9 @@ from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/ is no package: find the sibling below
+from collapse_answers import collapse  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = ROOT / "notebooks"
 SMALL_ENV = "SIMBATCH_NOTEBOOK_SMALL"
@@ -42,7 +46,8 @@ def execute(path: Path, *, small: bool, timeout_s: int | None = None, attempts: 
     """Run every cell of ``path`` top to bottom in a new kernel started in its folder.
 
     Raises ``nbclient.exceptions.CellExecutionError`` (naming the cell and the traceback) on the first
-    failing cell. Returns the notebook with its new outputs; the file is left untouched.
+    failing cell. Returns the notebook with its new outputs and its answers collapsed; the file is left
+    untouched.
 
     A cell that gets no answer within ``timeout_s`` (small runs: 180 s; full: 900 s) is a kernel that
     stopped answering, not a lesson that failed: on a loaded machine a freshly started kernel now and
@@ -89,7 +94,7 @@ def _execute_once(path: Path, *, small: bool, timeout_s: int) -> nbformat.Notebo
             for out in cell.outputs:
                 if "text/plain" in out.get("data", {}):
                     out.data["text/plain"] = _ADDRESS.sub(r"\1>", out.data["text/plain"])
-    return nb
+    return collapse(nb)  # the worked answers open collapsed (scripts/collapse_answers.py)
 
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"

@@ -17,14 +17,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load_runner():
-    spec = importlib.util.spec_from_file_location("run_notebooks", ROOT / "scripts" / "run_notebooks.py")
+def _load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-runner = _load_runner()
+runner = _load_script("run_notebooks")
+answers = _load_script("collapse_answers")
 
 LESSONS = [
     "01_littles_law_and_stability.ipynb",
@@ -37,6 +38,7 @@ LESSONS = [
     "08_batching_server_as_a_queue.ipynb",
     "09_bursts_and_real_traces.ipynb",
     "10_fleets_and_pooling.ipynb",
+    "11_from_a_model_and_a_gpu.ipynb",
     "12_build_your_own_scheduler.ipynb",
 ]
 SMALL_LINE = 'SMALL = os.environ.get("SIMBATCH_NOTEBOOK_SMALL") == "1"'
@@ -137,6 +139,59 @@ def test_lessons_with_sliders_keep_a_static_figure(name):
     assert any("image/png" in o.get("data", {}) for o in cells[at - 1].outputs)
 
 
+def _hidden(cell) -> bool:
+    flags = cell.metadata.get("jupyter", {})
+    return flags.get("source_hidden") is True and flags.get("outputs_hidden") is True
+
+
+@pytest.mark.parametrize("name", LESSONS)
+def test_answers_open_collapsed(name):
+    """Every cell after "## Answers" opens collapsed in Jupyter; the heading, alone at the end of its
+    cell, and everything before it stay open (`make notebooks` keeps it so, via collapse_answers.py)."""
+    nb = _read(name)
+    at = answers.answers_heading_at(nb)
+    assert nb.cells[at].source.splitlines()[-1] == "## Answers", "answer text shows under the heading"
+    assert at < len(nb.cells) - 1 and all(_hidden(c) for c in nb.cells[at + 1:])
+    assert not any(c.metadata.get("jupyter", {}).get(k) for c in nb.cells[:at + 1] for k in answers.HIDDEN)
+
+
+def _lesson_probe() -> nbformat.NotebookNode:
+    v4 = nbformat.v4
+    was_hidden = v4.new_code_cell("x = 1", metadata={"jupyter": {"source_hidden": True, "outputs_hidden": True}})
+    return v4.new_notebook(cells=[v4.new_markdown_cell("# A lesson"), was_hidden,
+                                  v4.new_markdown_cell("## Exercises\n\n1. Why?\n\n## Answers\n\n1. Because."),
+                                  v4.new_code_cell("print(x)")])
+
+
+def test_collapse_moves_answer_text_out_of_the_heading_and_is_idempotent():
+    nb = answers.collapse(_lesson_probe())
+    assert [c.source for c in nb.cells[2:]] == ["## Exercises\n\n1. Why?\n\n## Answers", "1. Because.", "print(x)"]
+    assert nb.cells[3].id == f"{nb.cells[2].id}-answers"  # derived, so a re-run writes the same file
+    assert [_hidden(c) for c in nb.cells] == [False, False, False, True, True]
+    assert "jupyter" not in nb.cells[1].metadata  # a lesson cell collapsed by hand is opened again
+    once = nbformat.writes(nb)
+    assert nbformat.writes(answers.collapse(nb)) == once
+    nbformat.validate(nb)
+
+
+def test_runner_collapses_the_answers(tmp_path):
+    path = tmp_path / "lesson.ipynb"
+    nbformat.write(_lesson_probe(), path)
+    nb = runner.execute(path, small=True)
+    assert nb.cells[-1].outputs[0].text == "1\n" and _hidden(nb.cells[-1]) and _hidden(nb.cells[-2])
+
+
+def test_collapse_script_refuses_a_lesson_without_answers_and_writes_nothing(tmp_path, capsys):
+    good, bad = tmp_path / "good.ipynb", tmp_path / "bad.ipynb"
+    nbformat.write(_lesson_probe(), good)
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("## Exercises")]), bad)
+    before = good.read_text()
+    assert answers.main([str(good), str(bad)]) == 2
+    assert "no '## Answers' heading in bad.ipynb" in capsys.readouterr().err
+    assert good.read_text() == before
+    assert answers.main([str(good)]) == 0 and _hidden(nbformat.read(good, as_version=4).cells[-1])
+
+
 # Figures the lessons' prose quotes, each next to a regular expression over the committed outputs
 # (a full-size run, as test_committed_copy_carries_full_outputs checks): the text says what the run printed.
 QUOTED = [
@@ -210,6 +265,39 @@ QUOTED = [
      r"mean wait 770 ms(.*\n)+ +300 +4\.8 +572\.7(.*\n) +1000 +15\.9 +1390\.4"),
     ("10_fleets_and_pooling.ipynb", "once the signal is a few seconds old (at 3 s here)",
      r"power_of_two +0 (.*\n){3} +1000 +15\.9 +654\.7 .*\n +3000 +47\.6 +1216\.2"),
+    ("11_from_a_model_and_a_gpu.ipynb", "The spec sheet gives 4.79 ms; the preset says 7.58 ms", r"= 4\.79 ms\n(.*\n)*sum 7\.58 ms; the preset's tau0_ms 7\.58 ms"),
+    ("11_from_a_model_and_a_gpu.ipynb", "3,350 GB/s (6.22 ms)", r"weights at 77% of peak bandwidth +6\.223\n"),
+    ("11_from_a_model_and_a_gpu.ipynb", "(0.71 ms for 32 layers)", r"step overhead \(launch, scheduling\) +0\.648\n32 layers x 22\.2 µs +0\.710"),
+    ("11_from_a_model_and_a_gpu.ipynb", "about 1.6 times as much", r"1\.58x the spec-sheet figure"),
+    ("11_from_a_model_and_a_gpu.ipynb", "= 131{,}072", r"KV per token 131,072 bytes \(preset: 131,072\)"),
+    ("11_from_a_model_and_a_gpu.ipynb", "its median error is 15–24 % per dataset on whole",
+     r"median error per dataset: 15% to 24% on steps and layers, 3% to 4% on attention kernels"),
+    ("11_from_a_model_and_a_gpu.ipynb", "the presets' median error is 15–24 % per dataset", r"median error per dataset: 15% to 24% on steps"),
+    ("11_from_a_model_and_a_gpu.ipynb", "this GPU makes a sequence about 264", r"tau0 / beta = 264:"),
+    ("11_from_a_model_and_a_gpu.ipynb", "62.5 GiB per\nstep: 4.2 times the weights", r"reads 62\.5 GiB per step, 4\.2x the weights"),
+    ("11_from_a_model_and_a_gpu.ipynb", "at about 3,000 tokens", r"the context read equals tau0 at 2,980 tokens per sequence"),
+    ("11_from_a_model_and_a_gpu.ipynb", "the step takes 29.8 ms instead of 9.4 ms", r"context +0: step +9\.4 ms(.*\n)+ +context +8,000: step +29\.8 ms"),
+    ("11_from_a_model_and_a_gpu.ipynb", "falls from 34,861 tokens/s with no context to 2,885",
+     r"context +0: .* roofline +34,861\n(.*\n)+ +context +8,000: .* roofline +2,885"),
+    ("11_from_a_model_and_a_gpu.ipynb", "One H100 carries about 37 chat requests/s", r"limited by compute; capacity 37\.1 req/s"),
+    ("11_from_a_model_and_a_gpu.ipynb", "30 µs per output token against 29 µs of β and 17 µs",
+     r"tau0 / B \(shared\) 29\.6 µs, beta 28\.7 µs, delta c_bar 17\.3 µs"),
+    ("11_from_a_model_and_a_gpu.ipynb", "would promise 45.8 requests/s", r"\(delta = epsilon = 0\): capacity 45\.8 req/s"),
+    ("11_from_a_model_and_a_gpu.ipynb", "stays under 70 ms", r"30 +0\.81 +[\d.]+ +[\d.]+ +62\.54\n34 +0\.92 +[\d.]+ +[\d.]+ +69\.88\n"),
+    ("11_from_a_model_and_a_gpu.ipynb", "p99 TTFT is already 2.7 s", r"38 +1\.02 +[\d.]+ +[\d.]+ +2740\.97"),
+    ("11_from_a_model_and_a_gpu.ipynb", "(+107 %)", r"128-token prompts \+107%, 1024-token prompts \+40%, 4096-token prompts \+6%"),
+    ("11_from_a_model_and_a_gpu.ipynb", "four times the slots buy +40 %", r"1024-token prompts \+40%"),
+    ("11_from_a_model_and_a_gpu.ipynb", "they\nbuy +6 %", r"4096-token prompts \+6%"),
+    ("11_from_a_model_and_a_gpu.ipynb", "(its memory batch is 107)", r"4096 +64 .*\n +256 +compute +0\.09 +106\.94"),
+    ("11_from_a_model_and_a_gpu.ipynb", "on the closed form within\n3 %", r"largest gap between measured and closed form: 2\.5% \(prompt 4096, 256 slots\)"),
+    ("11_from_a_model_and_a_gpu.ipynb", "About 452,000 tokens of KV cache, 28,279 blocks", r"num_blocks: auto -> 28,279 blocks, 452,464 tokens"),
+    ("11_from_a_model_and_a_gpu.ipynb", "some 1,000 chat requests", r"memory batch at c_bar = 434: 1025 requests"),
+    ("11_from_a_model_and_a_gpu.ipynb", "fp8 weights free 7.5 GiB", r"llama-3.1-8b/H100-SXM +14\.96 +55\.23(.*\n)llama-3.1-8b/H100-SXM/fp8 +7\.48 +62\.71"),
+    ("11_from_a_model_and_a_gpu.ipynb", "less than a tenth of the H100's", r"H100-SXM +14\.96 +55\.23 +128\.0 +452464(.*\n)+.*L4 +14\.96 +4\.83 +128\.0 +39584"),
+    ("11_from_a_model_and_a_gpu.ipynb", "about 489,000 tokens", r"llama-3.1-70b/H100-SXM/tp4 +32\.88 +37\.28 +80\.0 +488672"),
+    ("11_from_a_model_and_a_gpu.ipynb", "τ0 comes back within 1 % and γ within 3 %; β is off by\nabout a third",
+     r"tau0_ms +7\.581 +7\.544 .* -0\.4887\nbeta_ms .* 30\.3\nprefill_ms_per_token .* 2\.289"),
+    ("11_from_a_model_and_a_gpu.ipynb", "0.079 ms, nearly three times the true β", r"beta_ms +0\.02869 +0\.03738 +0\.0787 "),
     ("12_build_your_own_scheduler.ipynb", "the differences are some $10^{-12}$ s",
      r"the scaffold: 400 requests; largest difference TTFT \de-1[1-4] s, E2E \de-1[1-4] s; "
      r"mean E2E 7\.720 s \(yours\) vs 7\.720 s \(simbatch\)"),
