@@ -17,9 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -70,21 +68,14 @@ def _execute_once(path: Path, *, small: bool, timeout_s: int) -> nbformat.Notebo
     nb = nbformat.read(path, as_version=4)
     for cell in nb.cells:
         cell.metadata.pop("execution", None)  # timestamps of an earlier run
-    # An empty kernel_dirs leaves only the native kernel: this interpreter, via ipykernel. Its sockets
-    # are files in a folder of its own (IPC), not TCP ports: kernels started side by side (the test
-    # suite runs on several workers) cannot race for one port.
-    sockets = tempfile.mkdtemp(prefix="simbatch-kernel-")
-    km = AsyncKernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(sockets, "k"),
-                            kernel_spec_manager=KernelSpecManager(kernel_dirs=[]))
+    # An empty kernel_dirs leaves only the native kernel: this interpreter, via ipykernel.
+    km = AsyncKernelManager(kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[]))
     # No per-cell timestamps: a re-run with unchanged results must leave the files unchanged.
     client = NotebookClient(nb, km=km, timeout=timeout_s, record_timing=False,
                             resources={"metadata": {"path": str(path.parent)}})
     # Inline figures whatever MPLBACKEND the caller has set: the plots must land in the outputs.
     env = {**os.environ, SMALL_ENV: "1" if small else "0", "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
-    try:
-        client.execute(env=env)
-    finally:
-        shutil.rmtree(sockets, ignore_errors=True)
+    client.execute(env=env)
     # A widget is a live object of the kernel that made it: saved, it is a dead reference with a random
     # id, and its state as well. The lesson draws the static figure a reader without a kernel sees.
     nb.metadata.pop("widgets", None)
