@@ -264,6 +264,6 @@ def _check_identities(pool: BlockPool, held: list[int], name: str) -> None:
     free = pool.free_ids()
     assert len(free) == pool.num_free, f"{name} free count disagrees with the free queue"
     assert set(held) | set(free) == set(range(pool.num_blocks)), f"{name} block held twice, or held and free"
-    ref_cnt = getattr(pool, "ref_cnt", None)
-    if ref_cnt is not None:
-        assert Counter(held) == {b: n for b, n in ref_cnt.items() if n}, f"{name} reference counts disagree"
+    ref_counts = getattr(pool, "ref_counts", None)
+    if ref_counts is not None:
+        assert Counter(held) == ref_counts(), f"{name} reference counts disagree"

@@ -15,8 +15,10 @@ token: its logits must be computed, so at least one token is prefilled (vLLM doe
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Sequence
+
+import numpy as np
 
 from simbatch.kv import BlockPool
 from simbatch.request import Request
@@ -43,17 +45,34 @@ class CachingBlockPool(BlockPool):
     The free queue holds blocks nobody references, cached or not, least recently freed first; a
     lookup that finds a cached free block takes it out of the queue (``touch``), and an allocation
     that reaches a cached block evicts its key.
+
+    A conversation's turn shares hundreds of blocks, so everything is done on arrays, never block
+    by block. The cache is one array per stream, indexed by block position (-1: not cached), so a
+    lookup is a scan for the first miss; a block's key is its (stream, position + 1), 0 for none.
+    Each block's place in the free queue is a sequence number: the queue is a list of freed runs in
+    order, and a block taken back off it (touched, or freed again later) leaves a stale entry behind
+    that allocation skips.
     """
 
-    __slots__ = ("ref_cnt", "key_of", "cached", "_queue")
+    __slots__ = ("_streams", "_live", "_ref", "_key_stream", "_key_pos", "_queue_seq", "_runs", "_seq",
+                 "_num_queued")
+
+    COMPACT_SLACK = 1024  # stale queue entries tolerated beyond twice the pool
 
     def __init__(self, num_blocks: int):
         super().__init__(num_blocks)
-        self.ref_cnt: dict[int, int] = {}  # blocks ever used; absent: never used (0)
-        self.key_of: dict[int, tuple[int, int]] = {}
-        self.cached: dict[tuple[int, int], int] = {}
-        self._queue: OrderedDict[int, None] = OrderedDict()
+        self._streams: dict[int, np.ndarray] = {}  # stream -> its cached block at each position, or -1
+        self._live: dict[int, int] = {}  # stream -> how many of its positions are cached
+        # Zero-filled arrays cost nothing until touched, as never-used blocks must.
+        self._ref = np.zeros(num_blocks, np.int32)
+        self._key_stream = np.zeros(num_blocks, np.int64)
+        self._key_pos = np.zeros(num_blocks, np.int64)  # position + 1 in its stream; 0: not cached
+        self._queue_seq = np.zeros(num_blocks, np.int64)  # a free block's place in the queue; 0: not queued
+        self._runs: deque[tuple[np.ndarray, np.ndarray]] = deque()  # (blocks, their places), oldest first
+        self._seq = 0
+        self._num_queued = 0  # entries in _runs, stale ones included
 
+    # ---------------------------------------------------------------- the free queue
     def allocate(self, n: int) -> list[int] | None:
         if n > self.num_free:
             return None
@@ -61,69 +80,133 @@ class CachingBlockPool(BlockPool):
         first = self._next_unused
         unused = min(n, self.num_blocks - first)
         self._next_unused = first + unused
+        self._ref[first:first + unused] = 1
         ids = list(range(first, first + unused))
         if unused < n:
-            popitem, evict, cached, append = self._queue.popitem, self.key_of.pop, self.cached, ids.append
-            for _ in range(n - unused):
-                block = popitem(False)[0]
-                key = evict(block, None)
-                if key is not None:
-                    del cached[key]
-                append(block)
-        self.ref_cnt.update(dict.fromkeys(ids, 1))
+            taken = self._dequeue(n - unused)
+            self._ref[taken] = 1
+            self._evict(taken)
+            ids += taken.tolist()
         return ids
+
+    def _dequeue(self, n: int) -> np.ndarray:
+        """The ``n`` least recently freed blocks, off the queue."""
+        runs, seq, out = self._runs, self._queue_seq, []
+        while n:
+            blocks, places = runs[0]
+            head = blocks[:n]
+            if len(head) == n and (seq[head] == places[:n]).all():  # the usual case: no stale entry ahead
+                runs[0] = (blocks[n:], places[n:])
+                self._num_queued -= n
+                out.append(head)
+                break
+            # Look at as much of the run as may hold n live entries, not all of it: after a
+            # compaction the run is the whole queue.
+            window = 2 * n + 32
+            while True:
+                live = np.flatnonzero(seq[blocks[:window]] == places[:window])
+                if len(live) >= n or window >= len(blocks):
+                    break
+                window *= 4
+            if len(live) > n or (len(live) == n and window < len(blocks)):
+                cut = int(live[n - 1]) + 1
+                runs[0] = (blocks[cut:], places[cut:])
+                self._num_queued -= cut
+                out.append(blocks[live[:n]])
+                break
+            runs.popleft()
+            self._num_queued -= len(blocks)
+            out.append(blocks[live])
+            n -= len(live)
+        taken = np.concatenate(out) if len(out) > 1 else out[0]
+        seq[taken] = 0
+        return taken
+
+    def _evict(self, blocks: np.ndarray) -> None:
+        """Forget the keys of ``blocks``, about to be reused."""
+        positions = self._key_pos[blocks] - 1
+        keyed = positions >= 0
+        if not keyed.all():
+            if not keyed.any():
+                return
+            blocks, positions = blocks[keyed], positions[keyed]
+        streams = self._key_stream[blocks]
+        self._key_pos[blocks] = 0
+        groups = [(int(streams[0]), positions)] if (streams == streams[0]).all() else \
+            [(stream, positions[streams == stream]) for stream in np.unique(streams).tolist()]
+        for stream, mine in groups:
+            self._streams[stream][mine] = -1
+            live = self._live[stream] - len(mine)
+            if live:
+                self._live[stream] = live
+            else:  # a stream with nothing cached is forgotten: one-off requests must not pile up
+                del self._streams[stream], self._live[stream]
 
     def free(self, ids: Sequence[int]) -> None:
         """Drop one reference to each block; the unreferenced join the queue, the request's last
         block first (so a request's tail is evicted before its head, which others may share)."""
-        ref, queue = self.ref_cnt, self._queue
-        freed = 0
-        for block in reversed(ids):
-            n = ref[block] - 1
-            ref[block] = n
-            if not n:
-                queue[block] = None
-                freed += 1
-            elif n < 0:
-                raise AssertionError("freed more blocks than were allocated")
-        self.num_free += freed
+        if not ids:
+            return
+        blocks = np.array(ids[::-1], dtype=np.int64)
+        ref = self._ref[blocks] - 1
+        if (ref < 0).any():
+            raise AssertionError("freed more blocks than were allocated")
+        self._ref[blocks] = ref
+        freed = blocks[ref == 0]
+        if len(freed):
+            places = np.arange(self._seq + 1, self._seq + 1 + len(freed), dtype=np.int64)
+            self._seq += len(freed)
+            self._queue_seq[freed] = places
+            self._runs.append((freed, places))
+            self._num_queued += len(freed)
+            self.num_free += len(freed)
+            if self._num_queued > 2 * self.num_blocks + self.COMPACT_SLACK:
+                self._compact()
+
+    def _compact(self) -> None:
+        """Drop the stale entries: the queue never holds more than twice the pool."""
+        blocks = np.concatenate([b for b, _ in self._runs])
+        places = np.concatenate([p for _, p in self._runs])
+        live = self._queue_seq[blocks] == places
+        self._runs = deque([(blocks[live], places[live])])
+        self._num_queued = int(live.sum())
 
     def touch(self, ids: Sequence[int]) -> None:
         """One more reference to each block found by a lookup, taking the unreferenced off the queue."""
-        ref, queue = self.ref_cnt, self._queue
-        taken = 0
-        for block in ids:
-            n = ref[block]
-            if not n:
-                del queue[block]
-                taken += 1
-            ref[block] = n + 1
-        self.num_free -= taken
+        blocks = np.array(ids, dtype=np.int64)
+        ref = self._ref[blocks]
+        taken = blocks[ref == 0]
+        self._queue_seq[taken] = 0
+        self._ref[blocks] = ref + 1
+        self.num_free -= len(taken)
 
     def num_evictable(self, ids: Sequence[int]) -> int:
         """How many of ``ids`` are free (cached, unreferenced): touching them takes them off the queue."""
-        ref = self.ref_cnt
-        return sum(not ref[block] for block in ids)
+        return int(np.count_nonzero(self._ref[np.array(ids, dtype=np.int64)] == 0))
 
+    # ---------------------------------------------------------------- the cache
     def lookup(self, req: Request, block_size: int) -> list[int]:
         """The cached blocks holding ``req``'s known tokens from the first, up to the first miss, and
         short of the block of its last known token (see :class:`~simbatch.kv.KVCacheManager`)."""
-        get = self.cached.get
-        system_blocks = min(req.shared_prefix_tokens // block_size, (req.prompt_tokens + req.num_generated - 1)
-                            // block_size)
-        hits = []
-        for i in range(system_blocks):
-            block = get((SYSTEM_PROMPT, i))
-            if block is None:
+        limit = (req.prompt_tokens + req.num_generated - 1) // block_size
+        system_blocks = min(req.shared_prefix_tokens // block_size, limit)
+        hits: list[int] = []
+        if system_blocks:
+            hits = self._run(SYSTEM_PROMPT, 0, system_blocks)
+            if len(hits) < system_blocks:
                 return hits
-            hits.append(block)
-        stream = block_key(req, system_blocks, block_size)[0]
-        for i in range(system_blocks, (req.prompt_tokens + req.num_generated - 1) // block_size):
-            block = get((stream, i))
-            if block is None:
-                break
-            hits.append(block)
+        if limit > system_blocks:
+            hits += self._run(block_key(req, system_blocks, block_size)[0], system_blocks, limit)
         return hits
+
+    def _run(self, stream: int, start: int, stop: int) -> list[int]:
+        """The cached blocks of ``stream`` from position ``start`` up to its first miss, short of ``stop``."""
+        entries = self._streams.get(stream)
+        if entries is None:
+            return []
+        run = entries[start:stop]
+        misses = np.flatnonzero(run < 0)
+        return (run[:misses[0]] if len(misses) else run).tolist()
 
     def publish(self, req: Request, block_size: int) -> None:
         """Offer the full blocks of ``req``'s computed tokens not offered yet, each under its
@@ -133,17 +216,49 @@ class CachingBlockPool(BlockPool):
         start = req.num_published_blocks
         if start >= stop:
             return
-        cached, key_of = self.cached, self.key_of
         system_blocks = req.shared_prefix_tokens // block_size
-        stream = block_key(req, max(start, system_blocks), block_size)[0]  # of the blocks past the system prompt
-        for i in range(start, stop):
-            key = (SYSTEM_PROMPT, i) if i < system_blocks else (stream, i)
-            if key not in cached:
-                block = ids[i]
-                if block not in key_of:
-                    cached[key] = block
-                    key_of[block] = key
+        if start < system_blocks:
+            self._offer(SYSTEM_PROMPT, start, min(stop, system_blocks), ids)
+        if stop > system_blocks:
+            start = max(start, system_blocks)
+            self._offer(block_key(req, start, block_size)[0], start, stop, ids)
         req.num_published_blocks = stop
 
+    def _offer(self, stream: int, start: int, stop: int, ids: list[int]) -> None:
+        """Cache ``ids[start:stop]`` at those positions of ``stream``, where the position is free and
+        the block uncached."""
+        entries = self._streams.get(stream)
+        if entries is None:
+            entries = self._streams[stream] = np.full(max(stop, 16), -1, np.int64)
+            self._live[stream] = 0
+        elif len(entries) < stop:
+            grown = np.full(max(stop, 2 * len(entries)), -1, np.int64)
+            grown[:len(entries)] = entries
+            entries = self._streams[stream] = grown
+        blocks = np.array(ids[start:stop], dtype=np.int64)
+        positions = np.arange(start, stop)
+        new = (entries[start:stop] < 0) & (self._key_pos[blocks] == 0)
+        if not new.all():
+            blocks, positions = blocks[new], positions[new]
+        entries[positions] = blocks
+        self._key_stream[blocks] = stream
+        self._key_pos[blocks] = positions + 1
+        self._live[stream] += len(blocks)
+
+    # ---------------------------------------------------------------- for checks and tests
+    @property
+    def cached(self) -> dict[tuple[int, int], int]:
+        """Every cached block by its key (stream, position)."""
+        blocks = np.flatnonzero(self._key_pos)
+        return dict(zip(zip(self._key_stream[blocks].tolist(), (self._key_pos[blocks] - 1).tolist(), strict=True),
+                        blocks.tolist(), strict=True))
+
+    def ref_counts(self) -> dict[int, int]:
+        """{block: references} of every referenced block."""
+        held = np.flatnonzero(self._ref)
+        return dict(zip(held.tolist(), self._ref[held].tolist(), strict=True))
+
     def free_ids(self) -> list[int]:
-        return [*range(self._next_unused, self.num_blocks), *self._queue]
+        queued = [b for blocks, places in self._runs
+                  for b in blocks[self._queue_seq[blocks] == places].tolist()]
+        return [*range(self._next_unused, self.num_blocks), *queued]

@@ -54,7 +54,7 @@ def test_a_cached_block_stays_findable_while_free_and_is_evicted_from_the_queue_
     assert pool.allocate(1) == [1] and pool.cached == {(7, 0): 0}  # then the queue's head, evicted
     assert pool.num_evictable([0]) == 1
     pool.touch([0])  # a hit takes a free cached block off the queue
-    assert pool.num_free == 0 and pool.allocate(1) is None and pool.ref_cnt[0] == 1
+    assert pool.num_free == 0 and pool.allocate(1) is None and pool.ref_counts()[0] == 1
 
 
 def test_a_shared_block_returns_to_the_queue_with_its_last_holder():
@@ -62,7 +62,7 @@ def test_a_shared_block_returns_to_the_queue_with_its_last_holder():
     [b] = computed(pool, with_system_prompt(req(0, 5, 1), 4), 4).block_ids
     assert pool.cached == {(SYSTEM_PROMPT, 0): b}
     pool.touch([b])
-    assert pool.ref_cnt[b] == 2 and pool.num_evictable([b]) == 0
+    assert pool.ref_counts()[b] == 2 and pool.num_evictable([b]) == 0
     pool.free([b])
     assert pool.num_free == 1  # still held once
     pool.free([b])
@@ -77,8 +77,109 @@ def test_a_key_keeps_the_block_computed_first():
     first.prefix_stream = second.prefix_stream = 3  # two turns of one conversation, computed side by side
     computed(pool, first, 4)
     computed(pool, second, 4)
-    assert pool.cached == {(3, 0): first.block_ids[0]} and second.block_ids[0] not in pool.key_of
+    assert pool.cached == {(3, 0): first.block_ids[0]}  # and nothing else: the second block stays uncached
     assert second.num_published_blocks == 1  # offered, and not taken: it is not offered again
+
+
+class PlainPool:
+    """The pool's rules stated plainly (a dict per concept, one block at a time): the oracle that
+    :class:`CachingBlockPool`, which does the same on arrays, is held to."""
+
+    def __init__(self, num_blocks: int):
+        self.num_blocks, self.num_free, self.next_unused = num_blocks, num_blocks, 0
+        self.ref: dict[int, int] = {}
+        self.queue: dict[int, None] = {}  # insertion-ordered: least recently freed first
+        self.cached: dict[tuple[int, int], int] = {}
+        self.key_of: dict[int, tuple[int, int]] = {}
+
+    def allocate(self, n: int) -> list[int] | None:
+        if n > self.num_free:
+            return None
+        self.num_free -= n
+        ids = []
+        while len(ids) < n and self.next_unused < self.num_blocks:
+            ids.append(self.next_unused)
+            self.next_unused += 1
+        while len(ids) < n:
+            block = next(iter(self.queue))
+            del self.queue[block]
+            key = self.key_of.pop(block, None)
+            if key is not None:
+                del self.cached[key]
+            ids.append(block)
+        self.ref.update(dict.fromkeys(ids, 1))
+        return ids
+
+    def free(self, ids: list[int]) -> None:
+        for block in reversed(ids):
+            self.ref[block] -= 1
+            if not self.ref[block]:
+                self.queue[block] = None
+                self.num_free += 1
+
+    def touch(self, ids: list[int]) -> None:
+        for block in ids:
+            if not self.ref[block]:
+                del self.queue[block]
+                self.num_free -= 1
+            self.ref[block] += 1
+
+    def lookup(self, request, block_size: int) -> list[int]:
+        hits = []
+        for i in range((request.prompt_tokens + request.num_generated - 1) // block_size):
+            block = self.cached.get(block_key(request, i, block_size))
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def publish(self, request, ids: list[int], start: int, block_size: int) -> None:
+        for i in range(start, min(request.num_computed_tokens // block_size, len(ids))):
+            key = block_key(request, i, block_size)
+            if key not in self.cached and ids[i] not in self.key_of:
+                self.cached[key], self.key_of[ids[i]] = ids[i], key
+
+    def free_ids(self) -> list[int]:
+        return [*range(self.next_unused, self.num_blocks), *self.queue]
+
+
+@pytest.mark.parametrize(("seed", "num_blocks", "max_prompt"), [(0, 24, 40), (1, 24, 40), (2, 200, 400), (3, 200, 400)])
+def test_the_array_pool_keeps_the_plain_rules_through_thousands_of_turns(seed, num_blocks, max_prompt, monkeypatch):
+    """Requests on a few streams (some behind a system prompt) arrive, find their cached prefix, take
+    blocks, publish them and leave, thousands of times over a pool small enough to evict all the
+    time and, with no slack, to compact its queue often: every answer and the whole state match the
+    plain oracle."""
+    monkeypatch.setattr(CachingBlockPool, "COMPACT_SLACK", 0)
+    rng = np.random.default_rng(seed)
+    block_size, pool, plain = 4, CachingBlockPool(num_blocks), PlainPool(num_blocks)
+    holders: list = []
+    for n in range(6_000):
+        if holders and (len(holders) > 3 or rng.random() < 0.4):
+            request = holders.pop(int(rng.integers(len(holders))))
+            pool.free(request.block_ids)
+            plain.free(request.block_ids)
+        else:
+            request = req(n, int(rng.integers(1, max_prompt)), 1)
+            request.prefix_stream = int(rng.integers(3))
+            request.shared_prefix_tokens = int(rng.choice([0, 8]))
+            hits = pool.lookup(request, block_size)
+            assert hits == plain.lookup(request, block_size)
+            new = -(-request.prompt_tokens // block_size) - len(hits)
+            if new + pool.num_evictable(hits) > pool.num_free:  # touching takes the free hits off the queue
+                continue
+            pool.touch(hits)
+            plain.touch(hits)
+            ids = pool.allocate(new)
+            assert ids == plain.allocate(new)
+            request.block_ids = hits + ids
+            request.num_published_blocks = len(hits)
+            request.num_computed_tokens = request.prompt_tokens
+            plain.publish(request, request.block_ids, len(hits), block_size)
+            pool.publish(request, block_size)
+            holders.append(request)
+        assert pool.num_free == plain.num_free and pool.free_ids() == plain.free_ids()
+        assert pool.cached == plain.cached and pool.ref_counts() == {b: k for b, k in plain.ref.items() if k}
+        assert pool._num_queued <= 2 * num_blocks  # stale queue entries are dropped: its memory is bounded
 
 
 # --------------------------------------------------------------------------- keys and lookups
@@ -118,7 +219,7 @@ def test_a_second_request_skips_the_system_prompt_the_first_computed():
     # The first decodes token 11; the second finds 8 tokens cached and prefills only 2.
     assert tokens(plan) == {0: 1, 1: 2} and plan.prefill_tokens == 2
     assert second.num_cached_tokens == 8 and second.block_ids[:2] == first.block_ids[:2]
-    assert d.sched.kv.device.ref_cnt[first.block_ids[0]] == 2
+    assert d.sched.kv.device.ref_counts()[first.block_ids[0]] == 2
     while d.sched.running:
         d.run()
     assert d.sched.kv.device.num_free == 64  # shared blocks freed once each, by their last holder
