@@ -75,7 +75,9 @@ def _execute_once(path: Path, *, small: bool, timeout_s: int) -> nbformat.Notebo
                             resources={"metadata": {"path": str(path.parent)}})
     # Inline figures whatever MPLBACKEND the caller has set: the plots must land in the outputs.
     env = {**os.environ, SMALL_ENV: "1" if small else "0", "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
-    client.execute(env=env)
+    # cleanup_kc: shut the kernel down afterwards. nbclient leaves a kernel it did not create running,
+    # and a dozen idle kernels per test worker is memory and sockets nobody uses.
+    client.execute(env=env, cleanup_kc=True)
     # A widget is a live object of the kernel that made it: saved, it is a dead reference with a random
     # id, and its state as well. The lesson draws the static figure a reader without a kernel sees.
     nb.metadata.pop("widgets", None)

@@ -8,6 +8,7 @@ block invariants checked after every call so that each hand-computed case also c
 from __future__ import annotations
 
 import math
+import signal
 from typing import Any
 
 from simbatch.config import Scenario
@@ -99,3 +100,10 @@ class Driver:
     def run(self) -> tuple[StepPlan, StepOutcome]:
         plan = self.plan()
         return plan, self.finish(plan)
+
+
+def ctrl_c_reaches_the_child() -> None:
+    """``preexec_fn`` for a child a test will Ctrl-C: a shell starts background jobs (CI runners,
+    ``make test &``) with SIGINT ignored, children inherit that, and Python then never installs its
+    handler. A user's foreground command has it; so must the child under test."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

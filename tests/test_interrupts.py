@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from builders import ctrl_c_reaches_the_child
 from test_cli import SCENARIOS
 
 from simbatch.errors import Terminated
@@ -31,7 +32,7 @@ def _signalled(args: list[str], cwd: Path, signum: int, after_s: float = 1.5,
     busy machine a command's start-up is slower), and return its exit code, stderr and how long it
     took to exit after the signal."""
     process = subprocess.Popen([str(SIMBATCH), *args], cwd=cwd, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)
+                               stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_reaches_the_child)
     deadline = time.monotonic() + 30
     while started is not None and not started.exists() and time.monotonic() < deadline and process.poll() is None:
         time.sleep(0.05)

@@ -12,6 +12,7 @@ import urllib.request
 import webbrowser
 from pathlib import Path
 
+from builders import ctrl_c_reaches_the_child
 from test_cli import invoke
 
 SIMBATCH = Path(sys.executable).with_name("simbatch")
@@ -28,7 +29,7 @@ def test_without_a_display_it_serves_the_folder_and_stops_at_ctrl_c(tmp_path):
     folder = folder_with_report(tmp_path)
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
     process = subprocess.Popen([str(SIMBATCH), "view", str(folder)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, env=env)
+                               text=True, env=env, preexec_fn=ctrl_c_reaches_the_child)
     try:
         first: list[str] = []
         reader = threading.Thread(target=lambda: first.append(process.stdout.readline()), daemon=True)
