@@ -7,6 +7,7 @@ first seven on an idle 2-core machine. ``make notebooks`` runs them at full size
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import sys
 from pathlib import Path
@@ -79,16 +80,19 @@ def test_committed_copy_carries_full_outputs(name):
     assert any("image/png" in o.get("data", {}) for o in outputs), f"{name} has no plot output"
 
 
-def test_runner_uses_this_interpreter_and_passes_small(tmp_path, monkeypatch):
-    """The kernel is the interpreter running the tests (the venv), and it sees the SMALL switch."""
+def test_runner_uses_this_interpreter_and_passes_small_and_shuts_the_kernel_down(tmp_path, monkeypatch):
+    """The kernel is the interpreter running the tests (the venv), it sees the SMALL switch, and it
+    is gone once the notebook has run."""
     probe = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
-        "import os, sys\nprint(sys.executable)\nprint(os.environ['SIMBATCH_NOTEBOOK_SMALL'])")])
+        "import os, sys\nprint(sys.executable)\nprint(os.environ['SIMBATCH_NOTEBOOK_SMALL'])\nprint(os.getpid())")])
     path = tmp_path / "probe.ipynb"
     nbformat.write(probe, path)
     monkeypatch.delenv(runner.SMALL_ENV, raising=False)
     out = runner.execute(path, small=True).cells[0].outputs
     printed = "".join(o.text for o in out if o.output_type == "stream").split()
-    assert printed == [sys.executable, "1"]
+    assert printed[:2] == [sys.executable, "1"]
+    with pytest.raises(ProcessLookupError):  # shut down and reaped
+        os.kill(int(printed[2]), 0)
 
 
 @pytest.mark.parametrize("name", LESSONS)
