@@ -6,6 +6,7 @@ first seven on an idle 2-core machine. ``make notebooks`` runs them at full size
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import re
@@ -67,6 +68,106 @@ def test_lesson_shape(name):
     assert headings[-2:] == ["## Exercises", "## Answers"], headings
     answers_at = next(i for i, c in enumerate(nb.cells) if c.cell_type == "markdown" and "## Answers" in c.source)
     assert any(c.cell_type == "code" for c in nb.cells[answers_at:]), "answers are computed, not just stated"
+
+
+LEARN, PREDICT, PREDICTION = "**You will learn to**", "**Predict first.**", "my_prediction"
+
+
+def _bullets_after(source: str, marker: str) -> int:
+    """How many "- " bullets the list right after the line ``marker`` has (continuation lines indented)."""
+    lines = source.split(marker, 1)[1].splitlines()[1:]
+    while lines and not lines[0].strip():
+        lines.pop(0)
+    count = 0
+    for line in lines:
+        if line.startswith("- "):
+            count += 1
+        elif not (line.startswith("  ") and count):
+            break
+    return count
+
+
+def _is_blank_prediction(cell) -> bool:
+    """``my_prediction = {"<what, with unit>": None, ...}`` and nothing else: the student fills the Nones in."""
+    try:
+        (stmt,) = ast.parse(cell.source).body
+    except (SyntaxError, ValueError):
+        return False
+    return (cell.cell_type == "code" and isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+            and isinstance(stmt.targets[0], ast.Name) and stmt.targets[0].id == PREDICTION
+            and isinstance(stmt.value, ast.Dict) and len(stmt.value.keys) > 0
+            and all(isinstance(k, ast.Constant) and isinstance(k.value, str) and k.value for k in stmt.value.keys)
+            and all(isinstance(v, ast.Constant) and v.value is None for v in stmt.value.values))
+
+
+def _form_problems(nb: nbformat.NotebookNode) -> list[str]:
+    """What a lesson lacks of the common form: learning objectives in its first cell, at least two
+    "Predict first." questions each answered by a blank ``my_prediction`` cell before the next cell
+    that computes, and takeaways right before the exercises."""
+    problems = []
+    first = nb.cells[0]
+    if first.cell_type != "markdown" or LEARN not in first.source:
+        problems.append(f"the first cell has no {LEARN!r} list")
+    elif not 3 <= _bullets_after(first.source, LEARN) <= 6:
+        problems.append(f"{LEARN!r} has {_bullets_after(first.source, LEARN)} bullets, not 3 to 6")
+    asked = [i for i, c in enumerate(nb.cells) if c.cell_type == "markdown" and PREDICT in c.source]
+    if len(asked) < 2:
+        problems.append(f"{len(asked)} {PREDICT!r} question(s), not at least two")
+    for i in asked:
+        after = next((c for c in nb.cells[i + 1:] if c.cell_type == "code"), None)
+        if after is None or not _is_blank_prediction(after):
+            problems.append(f"cell {i} asks {PREDICT!r}, but the next code cell is not a blank {PREDICTION} = {{...: None}}")
+    headings = [line for c in nb.cells if c.cell_type == "markdown" for line in c.source.splitlines()
+                if line.startswith("## ")]
+    at = headings.index("## Exercises") if "## Exercises" in headings else None
+    if at is None or at == 0 or headings[at - 1] != "## Takeaways":
+        problems.append("'## Takeaways' is not the heading right before '## Exercises'")
+    else:
+        takeaways = next(c.source for c in nb.cells if c.cell_type == "markdown" and "## Takeaways" in c.source)
+        if not 3 <= _bullets_after(takeaways, "## Takeaways") <= 6:
+            problems.append(f"'## Takeaways' has {_bullets_after(takeaways, '## Takeaways')} bullets, not 3 to 6")
+    return problems
+
+
+@pytest.mark.parametrize("name", LESSONS)
+def test_lesson_follows_the_common_form(name):
+    assert _form_problems(_read(name)) == []
+
+
+def test_the_form_check_names_each_missing_part():
+    """Each part of the form taken out of a lesson that has them all is reported, and only that part."""
+    def without(edit):
+        nb = _read("07_tails_slos_goodput.ipynb")
+        edit(nb)
+        return _form_problems(nb)
+
+    def drop_objectives(nb):
+        nb.cells[0].source = nb.cells[0].source.replace(LEARN, "**Contents**")
+
+    def fill_in_a_prediction(nb):
+        cell = next(c for c in nb.cells if _is_blank_prediction(c))
+        cell.source = cell.source.replace("None", "3", 1)
+
+    def compute_before_predicting(nb):
+        at = next(i for i, c in enumerate(nb.cells) if _is_blank_prediction(c))
+        nb.cells.insert(at, nbformat.v4.new_code_cell("x = 1"))
+
+    def ask_only_once(nb):
+        asked = [c for c in nb.cells if c.cell_type == "markdown" and PREDICT in c.source]
+        for c in asked[1:]:
+            c.source = c.source.replace(PREDICT, "**Predict.**")
+
+    def drop_takeaways(nb):
+        cell = next(c for c in nb.cells if "## Takeaways" in c.source)
+        cell.source = cell.source.replace("## Takeaways", "Takeaways:")
+
+    assert without(lambda nb: None) == []
+    assert without(drop_objectives) == [f"the first cell has no {LEARN!r} list"]
+    for edit in (fill_in_a_prediction, compute_before_predicting):
+        (problem,) = without(edit)
+        assert "but the next code cell is not a blank my_prediction" in problem, edit.__name__
+    assert without(ask_only_once) == [f"1 {PREDICT!r} question(s), not at least two"]
+    assert without(drop_takeaways) == ["'## Takeaways' is not the heading right before '## Exercises'"]
 
 
 @pytest.mark.parametrize("name", LESSONS)
@@ -207,15 +308,21 @@ QUOTED = [
     ("02_static_dynamic_continuous.ipynb", "about 6 sequences computing, of 32 slots", r"static +output throughput +\d+ tokens/s, mean live batch 5\.9"),
     ("02_static_dynamic_continuous.ipynb", "batches start with about 15 of the",
      r"rate 1\.5 req/s\n(.*\n)*?  dynamic, 10 ms window .* batches start with 15\.4 of 32"),
+    ("02_static_dynamic_continuous.ipynb", "over 80 % of the decode slot-steps are idle",
+     r"static +tail idling: 81\.7% of decode slot-steps idle"),
     ("03_throughput_curve.ipynb", "($B = 512$ gets 84 %)", r"B = 512: .* 83\.7% of the roofline"),
     ("03_throughput_curve.ipynb", "20.2 s against the fixed point's 16.1 s", r"\(ρ = 0\.97\): fixed point 16\.13 s, simulated median 20\.21 s"),
     ("03_throughput_curve.ipynb", r"up to $\rho \approx 0.9$", r"\(ρ = 0\.90\): fixed point 15\.38 s, simulated median 15\.83 s \(\+2\.9%\)"),
     ("04_kv_memory_and_preemption.ipynb", "969 tokens/s predicted against 945 measured", r"memory-bound +24\.0 +969 +945 +1\.48 +1\.6\n"),
     ("04_kv_memory_and_preemption.ipynb", "7.2 requests and 334 against 331", r"memory-starved \(120 blocks\) +7\.2 +334 +331 +1\.48 +0\.6\n"),
     ("04_kv_memory_and_preemption.ipynb", "about an eighth of", r"thrashing +24\.0 +969 +773 +1\.41 +12\.7\n"),
+    ("04_kv_memory_and_preemption.ipynb", "57 requests of 100 tokens hold 399 blocks",
+     r"400 blocks: first step runs 57 requests \(399 blocks used\)"),
     ("05_chunked_prefill.ipynb", "about 377.5 s in every row", r"none \(prefill-first\) .* 377\.5 .*\n(.*377\.[5-6] .*\n){5}"),
     ("06_policies_and_fairness.ipynb", "finishes in 154 to 189 s", r"oracle\) +mean TTFT +36\.4 s, whole burst done after +189\.3 s\n"
      r"1\. longest first +mean TTFT +112\.6 s, whole burst done after +154\.4 s"),
+    ("06_policies_and_fairness.ipynb", "SJF on the true output length halves a burst's mean TTFT",
+     r"fcfs +74\.4 +77\.1 *\n.*\nsjf by output \(oracle\) +36\.4 +39\.2"),
     ("07_tails_slos_goodput.ipynb", "about 21 % of the mean at 200 requests per run and 4 % at 5,000",
      r"200 +2\.0 +20\.12 +4\.20 +20\.86\n(.*\n)+5000 +50\.0 +21\.62 +0\.89 +4\.11"),
     ("07_tails_slos_goodput.ipynb", "spans from 16 to 29 s", r"interval from the order statistics \[16\.34, 28\.87\] s"),
