@@ -47,6 +47,9 @@ def per_replica(requests: pd.DataFrame, iterations: pd.DataFrame, duration_s: fl
     admitted = requests[requests["status"] != "rejected"]
     replica = admitted["replica"].to_numpy(dtype=np.int64)
     done = (admitted["status"] == "finished").to_numpy()
+    # Disaggregated, a request's output tokens come from its decode replica (a one-token output's from its prefill one).
+    out_replica = np.where(admitted["decode_replica"] >= 0, admitted["decode_replica"], replica) \
+        if "decode_replica" in admitted else replica
     sojourn_s = np.fmin(admitted["finish_s"].to_numpy(), duration_s) - admitted["arrival_s"].to_numpy()
     # An empty iterations frame has untyped columns: say the types.
     step_replica = iterations["replica"].to_numpy(dtype=np.int64)
@@ -61,7 +64,7 @@ def per_replica(requests: pd.DataFrame, iterations: pd.DataFrame, duration_s: fl
             "replica": np.arange(num_replicas),
             "admitted": n_admitted,
             "completed": total(replica[done]),
-            "output_throughput": total(replica[done], admitted["output_tokens"].to_numpy()[done]) / duration_s,
+            "output_throughput": total(out_replica[done], admitted["output_tokens"].to_numpy()[done]) / duration_s,
             "busy_fraction": total(step_replica, busy_s(iterations, duration_s)) / duration_s,
             "mean_batch_size": np.where(num_steps > 0, total(step_replica, iterations["batch_size"].to_numpy(dtype=float)
                                                              * steps) / np.maximum(num_steps, 1), 0.0),
