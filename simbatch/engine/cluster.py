@@ -85,7 +85,7 @@ class Engine:
         self.router = make_router(scenario, workload.session)
         # Arrivals go to the prefill pool when prefill and decode are disaggregated, to every replica otherwise.
         self.dispatcher = None if scenario.cluster.disaggregated is None else \
-            Dispatcher(self.env, scenario, self.replicas, self.recorder, workload.session)
+            Dispatcher(self.env, scenario, self.replicas, self.recorder, workload.session, check_invariants)
         self.entry = self.replicas if self.dispatcher is None else self.dispatcher.prefill
         self.on_progress = on_progress
         self.arrivals_done = False

@@ -44,7 +44,7 @@ class Dispatcher:
     """Hands prefilled requests to the decode pool and times their KV transfers."""
 
     def __init__(self, env: simpy.Environment, scenario: Scenario, replicas: Sequence, recorder: Recorder,
-                 session: np.ndarray):
+                 session: np.ndarray, check_invariants: bool = False):
         pools = scenario.cluster.disaggregated
         self.env, self.replicas, self.recorder = env, replicas, recorder
         self.prefill, self.decode = replicas[:pools.prefill.count], replicas[pools.prefill.count:]
@@ -60,6 +60,7 @@ class Dispatcher:
         # What happens at each future instant: (deliveries, hand-overs), fired by one urgent event.
         self._at: dict[int, tuple[list[Request], list[Request]]] = {}
         self._sent: dict[int, Request] = {}  # request id -> its prefill side, until its KV is delivered
+        self.check = check_invariants
 
     def transfer_ns(self, prompt_tokens: int) -> int:
         """One request's KV transfer on the clock's grid (at least 1 ns)."""
@@ -105,6 +106,21 @@ class Dispatcher:
             target.scheduler.add(_decode_side(sent, now_s), now_s)
             rec.waiting_change(now_s, 1)
             target._poke()
+        if self.check:
+            self.check_invariants()
+
+    def check_invariants(self) -> None:
+        """AssertionError unless every request in the cluster is in one pool of one replica, and every
+        request whose KV is in flight is held on both sides: sent by its prefill replica, owed by a decode one."""
+        # A request handed over at this instant is still in its prefill step, which ends after this.
+        owed = [r.request_id for rep in self.prefill for r in rep.scheduler.in_system() if r.request_id not in self._sent]
+        owed += [r.request_id for rep in self.decode for r in rep.scheduler.in_system()]
+        assert len(owed) == len(set(owed)), "a request is in two pools"
+        decode_side = {r.request_id for rep in self.decode for r in rep.scheduler.in_system()}
+        assert set(self._sent) <= decode_side, "a request's KV left its prefill replica for no decode replica"
+        for i, sent in self._sent.items():
+            assert sent in self.replicas[sent.replica].scheduler._sending or sent.status.name == "RUNNING", \
+                f"request {i}'s prefill blocks were freed before its transfer ended"
 
 
 def _decode_side(sent: Request, first_token_s: float) -> Request:
