@@ -240,7 +240,8 @@ def summarize(scenario: Scenario, requests: pd.DataFrame, iterations: pd.DataFra
         out["prefix_cache_hits"] = int(requests["num_cached_tokens"].to_numpy()[admitted].sum())
         queries = out["prefix_cache_queries"]
         out["prefix_cache_hit_rate"] = out["prefix_cache_hits"] / queries if queries else math.nan
-    out |= cluster_summary(requests, iterations, duration, replicas)
+    pools = scenario.cluster.disaggregated
+    out |= cluster_summary(requests, iterations, duration, replicas, None if pools is None else pools.prefill.count)
     out |= tenant_summary(requests, duration)
     return out
 
