@@ -577,12 +577,12 @@ LOAD_ROUTERS = ("least_outstanding", "least_kv", "power_of_two", "session_affini
 class KVTransfer(_Model):
     """The link a request's KV crosses from its prefill replica to its decode replica."""
 
-    bandwidth_gb_per_s: PosFloat = Field(description="Bytes moved per second, in GB/s (10^9 bytes).")
+    bandwidth_gb_s: PosFloat = Field(description="Bytes moved per second, in GB/s (10^9 bytes).")
     latency_ms: NonNegFloat = Field(default=0.0, description="Fixed cost of one transfer (set-up, handshake), ms.")
 
     def seconds_for(self, num_bytes: float) -> float:
         """One transfer of ``num_bytes``: bytes / bandwidth + latency, s."""
-        return num_bytes / (self.bandwidth_gb_per_s * 1e9) + seconds(self.latency_ms)
+        return num_bytes / (self.bandwidth_gb_s * 1e9) + seconds(self.latency_ms)
 
 
 class Disaggregated(_Model):
@@ -602,8 +602,8 @@ class Disaggregated(_Model):
         default="least_outstanding", description="Which decode replica a prefilled request goes to (as "
         "cluster.router, over the decode pool; read when its KV transfer is requested).")
     kv_bytes_per_token: PosFloat | None = Field(
-        default=None, description="KV bytes of one token on one GPU (all layers, keys and values); from the "
-        "prefill pool's device.preset when omitted (required without one).")
+        default=None, description="Bytes per token. The KV of one token on one GPU (all layers, keys and "
+        "values); from the prefill pool's device.preset when omitted (required without one).")
 
 
 class Cluster(_Model):

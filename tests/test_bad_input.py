@@ -37,7 +37,7 @@ cluster:
   disaggregated:
     prefill: {count: 1}
     decode: {count: 2}
-    kv_transfer: {latency_ms: 1, bandwidth_gb_per_s: 50}
+    kv_transfer: {latency_ms: 1, bandwidth_gb_s: 50}
     kv_bytes_per_token: 131072
 """
 
@@ -90,8 +90,8 @@ CASES = [
      "s.yaml:1:1: cluster.disaggregated.prefill runs", ["cluster.disaggregated.prefill runs batching.mode static", "use batching.mode: continuous"]),
     ("disaggregated_no_kv_bytes", GOOD + DISAGGREGATED.replace("    kv_bytes_per_token: 131072\n", ""), (),
      "s.yaml:", ["cluster.disaggregated.kv_bytes_per_token is missing", "give kv_bytes_per_token"]),
-    ("disaggregated_zero_bandwidth", GOOD + DISAGGREGATED.replace("bandwidth_gb_per_s: 50", "bandwidth_gb_per_s: 0"),
-     (), "s.yaml:19:54: cluster.disaggregated.kv_transfer.bandwidth_gb_per_s:", ["greater than 0", "got 0"]),
+    ("disaggregated_zero_bandwidth", GOOD + DISAGGREGATED.replace("bandwidth_gb_s: 50", "bandwidth_gb_s: 0"),
+     (), "s.yaml:19:50: cluster.disaggregated.kv_transfer.bandwidth_gb_s:", ["greater than 0", "got 0"]),
     ("disaggregated_max_in_flight", GOOD + DISAGGREGATED + "  max_in_flight: 10\n", (),
      "s.yaml:16:3: cluster:", ["cluster.max_in_flight (10) with cluster.disaggregated", "remove max_in_flight"]),
 ]

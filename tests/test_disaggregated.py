@@ -16,7 +16,7 @@ from simbatch.simulation import simulate
 # 100 tokens x 100 kB over 1 GB/s, plus 1 ms: a transfer takes 11 ms.
 DEVICE = {"tau0_ms": 10.0, "beta_ms": 1.0, "prefill_ms_per_token": 0.1}
 POOLS = {"prefill": {"count": 1}, "decode": {"count": 1},
-         "kv_transfer": {"bandwidth_gb_per_s": 1.0, "latency_ms": 1.0}, "kv_bytes_per_token": 100_000}
+         "kv_transfer": {"bandwidth_gb_s": 1.0, "latency_ms": 1.0}, "kv_bytes_per_token": 100_000}
 
 
 def scenario(num_requests: int = 1, rate: float = math.inf, output: int = 10, pools: dict | None = None,

@@ -336,7 +336,7 @@ def disaggregated(draw, base, exact: bool) -> dict:
         latency_ms = draw(st.floats(0, 50))
     pools = {"prefill": {"count": draw(st.integers(1, 2))},
              "decode": {"count": draw(st.integers(1, 2)), "kv_cache": decode_kv, "batching": decode_batching},
-             "kv_transfer": {"bandwidth_gb_per_s": gb_per_s, "latency_ms": latency_ms},
+             "kv_transfer": {"bandwidth_gb_s": gb_per_s, "latency_ms": latency_ms},
              "kv_bytes_per_token": bytes_per_token,
              "decode_router": draw(st.sampled_from(["round_robin", "least_kv", "least_outstanding", "power_of_two"]))}
     cluster = {"router": scenario["cluster"]["router"], "disaggregated": pools}

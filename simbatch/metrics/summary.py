@@ -15,6 +15,14 @@ Per request (the ``requests`` frame; times in seconds from the start of the run)
 - ``client_wait_s`` time the client held the request back before sending it (``workload.max_concurrency``;
   0 otherwise). ``arrival_s`` is when the server received it, the send, so TTFT and E2E count from
   the send as ``vllm bench serve`` measures them; the intended arrival is arrival_s - client_wait_s.
+- Disaggregated prefill and decode (``cluster.disaggregated``): ``replica`` is the prefill replica,
+  ``decode_replica`` the decode one (-1 for a one-token output, which never leaves its prefill
+  replica); ``decode_queue_s`` the wait from the first token until a decode replica reserved the
+  request's blocks, ``kv_transfer_s`` the transfer then (NaN when there was none). ``ttft_s``
+  follows DistServe: the first token is the prefill replica's, at the end of its prefill, and the
+  hand-over is in the gap to the second token (an ITL stall gap). A server that streams the first
+  token from the decode side (vLLM's disaggregation proxy) shows a TTFT of ttft_s + decode_queue_s +
+  kv_transfer_s + its first decode step.
 
 Per engine step (the ``iterations`` frame): one row per run of consecutive steps of one shape (the
 same pools, batch and token counts), ``duration_s`` their mean duration. Such steps last alike unless
@@ -64,6 +72,11 @@ Queueing quantities, over admitted requests (arrived and not rejected):
 - ``mean_batch_size``: sequences per step, averaged over steps.
 - ``mean_kv_usage``: used / total device blocks, averaged over busy time.
 - ``num_preemptions``: total over the run.
+- Disaggregated: ``prefill_`` and ``decode_`` + ``busy_fraction``, ``num_steps``, ``mean_batch_size``,
+  ``mean_kv_usage``: the keys above over each pool's replicas; ``prefill_token_throughput`` (prompt
+  tokens prefilled per second, recomputes included), ``decode_token_throughput`` (decode tokens per
+  second); ``{mean,median,std,p90,p99}_decode_queue_ms`` and ``..._kv_transfer_ms`` over completed
+  requests handed over.
 - ``prefix_cache_queries``, ``prefix_cache_hits`` (tokens) and ``prefix_cache_hit_rate`` = hits /
   queries, with prefix caching: the prompt tokens of every request admitted at least once, and
   those of them found cached at its first admission (vLLM's ``vllm:prefix_cache_queries`` and
