@@ -273,19 +273,23 @@ def _disaggregated_stability(scenario: Scenario, workload: WorkloadArrays, rate:
     work, and the verdict the binding pool's.
 
     The decode pool decodes ``O - 1`` tokens a request (the first came from the prefill pool), each
-    request holding and reading ``P + 1`` .. ``P + O - 1`` tokens; the prefill pool prefills prompts
+    request holding and reading ``P + 1`` .. ``P + O - 1`` tokens, and holds its slot one step more:
+    the transfer starts when a step is planned, and the request decodes from the step after the one
+    its KV arrived in (a transfer longer than a step holds it longer, which this leaves out). So a
+    request takes O slot-steps (O - 1 decoding). The prefill pool prefills prompts
     (:func:`prefill_capacity`).
     """
     pools = scenario.cluster.disaggregated
     specs = replica_scenarios(scenario)
     prompt, output = workload.prompt_tokens, workload.output_tokens
     decoded = np.maximum(output - 1, 0)
+    slot_steps = np.where(output > 1, output, 0)  # a one-token output never reaches the decode pool
     shed = scenario.scheduler.max_waiting is not None
     n = len(workload)
     dec = specs[-1]
     held = mean_blocks_held(prompt + 1, decoded, dec.kv_cache.block_size)
     decode = fleet_stability([(dec.device, dec.batching.max_num_seqs, memory_batch(dec.kv_cache.num_blocks, held))]
-                             * pools.decode.count, rate, float(decoded.mean()) if n else 0.0,
+                             * pools.decode.count, rate, float(slot_steps.mean()) if n else 0.0,
                              admission_control=shed, mean_context_tokens=mean_context_tokens(prompt + 1, decoded),
                              mean_prompt_sq_tokens=0.0)
     pre = specs[0]
