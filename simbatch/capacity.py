@@ -130,17 +130,15 @@ class Stability:
 
     @property
     def verdict(self) -> str:
-        limit = {"memory": " (KV memory limits the batch)",
-                 "compute": " (compute binds: a larger batch would barely help)"}.get(self.limited_by, "")
+        limit = f" (the {self.pool} pool binds)" if self.pool else \
+            {"memory": " (KV memory limits the batch)",
+             "compute": " (compute binds: a larger batch would barely help)"}.get(self.limited_by, "")
         if self.stable:
-            pool = f", the {self.pool} pool's" if self.pool else ""
-            return f"stable (offered load {self.offered_load:.0%}{pool}){limit}"
+            return f"stable (offered load {self.offered_load:.0%}){limit}"
         rho = self.offered_load
         # Two decimals near 1, so that 1.02x does not read as a harmless "1.0x"; three figures far above.
         factor = f"{rho:.2f}" if rho < 1.1 else f"{rho:.1f}" if rho < 1000 else f"{rho:.3g}"
         need = self.replicas_needed
-        if self.pool:
-            limit = f" (the {self.pool} pool binds)"
         fix = (f"{need:,} {self.pool + ' ' if self.pool else ''}replicas would carry it" if need <= 100_000 else
                "more replicas finish it sooner" if math.isinf(need) else "no fleet of a sane size carries it")
         if self.admission_control:

@@ -130,3 +130,71 @@ def test_a_dumped_scenario_loads_again():
     again = Scenario.model_validate(sc.model_dump())
     assert again.cluster.replicas == 5 and again.cluster.disaggregated == sc.cluster.disaggregated
     assert np.array_equal(simulate(again).requests["finish_s"], simulate(sc).requests["finish_s"])
+
+
+# --------------------------------------------------------------------------- capacity and placement
+def test_prefill_capacity_and_the_best_split():
+    from simbatch.capacity import best_split, pool_capacity, prefill_capacity
+    from simbatch.config import Device
+
+    device = Device(tau0_ms=10.0, beta_ms=0.0, prefill_ms_per_token=0.02)
+    # Steps of 1024 tokens, 30.48 ms: two 512-token prompts a step.
+    assert prefill_capacity(device, 1, 1024, 64, 512) == pytest.approx(2 / 0.03048)
+    # Two slots hold two 100-token prompts: steps of 200 tokens, 14 ms.
+    assert prefill_capacity(device, 3, 8192, 2, 100) == pytest.approx(3 * 2 / 0.014)
+    assert pool_capacity(5.0, 7.0) == (5.0, "prefill") and pool_capacity(9.0, 7.0) == (7.0, "decode")
+    assert best_split(6, 65.6, 19.0) == 2 and best_split(2, 1.0, 1.0) == 1
+    assert best_split(4, 10.0, 10.0) == 2  # min(20, 20): the even split
+    with pytest.raises(ValueError, match="at least 2"):
+        best_split(1, 1.0, 1.0)
+
+
+def test_the_cli_places_and_writes_its_folder(tmp_path):
+    from test_cli import PNG, SCENARIOS, invoke
+
+    out = tmp_path / "placement"
+    result = invoke("placement", SCENARIOS / "disaggregated.yaml", "--gpus", "3", "--set", "workload.duration_s=20",
+                    "--out", out)
+    assert result.exit_code == 0, result.stderr
+    assert "Best split:" in result.stdout and "Closed form" in result.stdout
+    assert {p.name for p in out.iterdir()} == {"placement.csv", "placement.png"}
+    assert (out / "placement.png").read_bytes().startswith(PNG)
+    assert len((out / "placement.csv").read_text().splitlines()) == 3  # header, 1:2, 2:1
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (("--gpus", "1"), ["--gpus 1", "at least 2", "e.g. --gpus 4"]),
+    (("--gpus", "4", "--set", "cluster.disaggregated=null"), ["cluster.disaggregated is not set"]),
+])
+def test_the_cli_rejects_a_placement_it_cannot_make(tmp_path, args, words):
+    from test_cli import SCENARIOS, invoke
+
+    result = invoke("placement", SCENARIOS / "disaggregated.yaml", *args, "--out", tmp_path / "out")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1 and all(w in result.stderr for w in words), result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_run_folder_has_the_handover_plot(tmp_path):
+    from test_cli import PNG, SCENARIOS, invoke
+
+    out = tmp_path / "run"
+    result = invoke("run", SCENARIOS / "disaggregated.yaml", "--set", "workload.duration_s=10", "--out", out)
+    assert result.exit_code == 0, result.stderr
+    assert "Disaggregated pools (prefill / decode)" in result.stdout and "Pool that binds:" in result.stdout
+    assert (out / "plots" / "handover.png").read_bytes().startswith(PNG)
+    header = (out / "requests.csv").read_text().splitlines()[0].split(",")
+    assert {"decode_replica", "decode_queue_s", "kv_transfer_s"} <= set(header)
+    assert "pool" in (out / "iterations.csv").read_text().splitlines()[0].split(",")
+
+
+def test_concepts_names_every_disaggregated_summary_key():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "concepts.md").read_text(encoding="utf-8")
+    keys = [k for k in simulate(scenario(num_requests=5, rate=10.0)).summary
+            if k.startswith(("prefill_", "decode_")) or "kv_transfer" in k or "decode_queue" in k]
+    assert len(keys) == 20
+    unnamed = [k for k in keys if f"`{k}`" not in text and
+               f"{{mean,median,std,p90,p99}}_{k.split('_', 1)[1]}" not in text]
+    assert not unnamed
