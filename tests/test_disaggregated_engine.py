@@ -198,3 +198,14 @@ def test_concepts_names_every_disaggregated_summary_key():
     unnamed = [k for k in keys if f"`{k}`" not in text and
                f"{{mean,median,std,p90,p99}}_{k.split('_', 1)[1]}" not in text]
     assert not unnamed
+
+
+def test_the_capacity_command_checks_both_pools():
+    from test_cli import SCENARIOS, invoke
+
+    result = invoke("capacity", SCENARIOS / "disaggregated.yaml")
+    assert result.exit_code == 0, result.stderr
+    assert "Pool that binds:                         prefill" in result.stdout
+    assert "With 2 replicas at B = 128" in result.stdout  # the decode pool's table
+    refused = invoke("capacity", SCENARIOS / "disaggregated.yaml", "--rate", "3")
+    assert refused.exit_code == 2 and refused.stderr.startswith("--rate: the scenario's cluster is disaggregated")

@@ -18,7 +18,8 @@ Per request (the ``requests`` frame; times in seconds from the start of the run)
 - Disaggregated prefill and decode (``cluster.disaggregated``): ``replica`` is the prefill replica,
   ``decode_replica`` the decode one (-1 for a one-token output, which never leaves its prefill
   replica); ``decode_queue_s`` the wait from the first token until a decode replica reserved the
-  request's blocks, ``kv_transfer_s`` the transfer then (NaN when there was none). ``ttft_s``
+  request's blocks (a wait in the decode replica's queue, so ``waiting_s`` counts it too),
+  ``kv_transfer_s`` the transfer then (NaN when there was none). ``ttft_s``
   follows DistServe: the first token is the prefill replica's, at the end of its prefill, and the
   hand-over is in the gap to the second token (an ITL stall gap). A server that streams the first
   token from the decode side (vLLM's disaggregation proxy) shows a TTFT of ttft_s + decode_queue_s +
