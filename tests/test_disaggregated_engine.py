@@ -175,17 +175,18 @@ def test_the_cli_rejects_a_placement_it_cannot_make(tmp_path, args, words):
     assert not (tmp_path / "out").exists()
 
 
-def test_a_run_folder_has_the_handover_plot(tmp_path):
-    from test_cli import PNG, SCENARIOS, invoke
+def test_the_tables_and_the_handover_plot_show_the_pools():
+    """(The run folder of scenarios/disaggregated.yaml, with plots/handover.png: tests/test_scenarios.py.)"""
+    from simbatch import report
+    from simbatch.plots.disaggregated import handover
 
-    out = tmp_path / "run"
-    result = invoke("run", SCENARIOS / "disaggregated.yaml", "--set", "workload.duration_s=10", "--out", out)
-    assert result.exit_code == 0, result.stderr
-    assert "Disaggregated pools (prefill / decode)" in result.stdout and "Pool that binds:" in result.stdout
-    assert (out / "plots" / "handover.png").read_bytes().startswith(PNG)
-    header = (out / "requests.csv").read_text().splitlines()[0].split(",")
-    assert {"decode_replica", "decode_queue_s", "kv_transfer_s"} <= set(header)
-    assert "pool" in (out / "iterations.csv").read_text().splitlines()[0].split(",")
+    result = simulate(scenario(num_requests=20, rate=5.0, pools={"decode": {"count": 2}}))
+    table = report.result_table(result.summary)
+    assert "Disaggregated pools (prefill / decode)" in table and "Mean KV transfer (ms):" in table
+    assert "Pool that binds:" in report.stability_block(result.stability)
+    top, bottom = handover(result.requests).axes
+    assert len(top.collections) == 4  # queue, prefill, wait for a slot, transfer
+    assert bottom.lines[0].get_ydata()[-1] == 100  # every request handed over
 
 
 def test_concepts_names_every_disaggregated_summary_key():

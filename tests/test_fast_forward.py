@@ -343,14 +343,14 @@ def disaggregated(draw, base, exact: bool) -> dict:
     return {**scenario, "batching": batching, "cluster": cluster}
 
 
-@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(12), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(disaggregated(scenarios(), exact=False))
 def test_fast_forward_equals_stepping_disaggregated(scenario):
     """Hand-overs and transfer deliveries reach decode replicas mid-run: they cut it as arrivals do."""
     assert_same_run(scenario)
 
 
-@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(20), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_fast_forward_equals_stepping_disaggregated_on_exact_ties(data, tmp_path_factory):
     """First tokens, transfer ends, arrivals and step ends on the same instants."""

@@ -36,6 +36,9 @@ def test_every_scenario_runs_through_the_cli(tmp_path, path):
     assert {p.name for p in out.iterdir()} == RUN_FILES
     summary = json.loads((out / "summary.json").read_text())
     assert summary["completed"] + summary["rejected"] + summary["unfinished"] == summary["num_requests"] > 0
+    if path.stem == "disaggregated":  # its own columns and plot
+        assert {"decode_replica", "kv_transfer_s"} <= set((out / "requests.csv").read_text().split("\n")[0].split(","))
+        assert (out / "plots" / "handover.png").is_file()
     assert summary["littles_law_rel_error"] < 1e-6
     # Results land under the scenario's own name; a lesson names its file.
     assert load_scenario(path).name == path.stem

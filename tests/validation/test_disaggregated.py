@@ -145,12 +145,12 @@ def _slopes(result, warmup_s: float) -> tuple[float, float]:
 def test_capacity_is_the_smaller_pool(sim, check, mode, binding, slots):
     """One replica a pool. Prefill-bound: 64 decode slots (mu_d = 305 req/s against mu_p = 65.6);
     decode-bound: 4 (mu_d = 19.0). At 1.2 x min(mu_p, mu_d) the binding pool's queue grows at
-    0.2 x min and the other's does not; at 0.8 x min neither grows. Warm-up 5 s, runs of 20 s (60 full)."""
+    0.2 x min and the other's does not; at 0.8 x min neither grows. Warm-up 5 s, runs of 15 s (60 full)."""
     mu_d = slots / (OUTPUT * CAP_DEVICE["tau0_ms"] / 1e3)
     capacity = min(MU_P, mu_d)
     assert (mu_d > MU_P) == (binding == "prefill")
     seeds = range(mode.pick(3, 12))
-    warmup, duration = 5.0, mode.pick(20.0, 60.0)
+    warmup, duration = 5.0, mode.pick(15.0, 60.0)
     spec = _capacity_spec(0, 1.2 * capacity, 1, 1, slots, duration)
     from simbatch.loading import scenario_from_dict
 
@@ -176,7 +176,7 @@ def _best_split(result_rows) -> int:
 @pytest.mark.validation
 def test_placement_finds_the_closed_form_split(check, mode):
     """Six replicas, decode 4 slots each: p mu_p against (6 - p) mu_d is 65.6 p against 19.0 (6 - p),
-    best at p = 2 (min 76.2 req/s). Every request arrives at t = 0 (400 quick, 2,000 full), so each
+    best at p = 2 (min 76.2 req/s). Every request arrives at t = 0 (200 quick, 2,000 full), so each
     split runs saturated; the simulated best is the split with the most requests per second."""
     from simbatch.loading import scenario_from_dict
     from simbatch.sweep.placement import closed_form_best, placement_search
@@ -185,7 +185,7 @@ def test_placement_finds_the_closed_form_split(check, mode):
     found = []
     for seed in seeds:
         spec = _capacity_spec(seed, float("inf"), 1, 1, SLOTS, 1.0)
-        spec["workload"] = {**spec["workload"], "duration_s": None, "num_requests": mode.pick(400, 2000)}
+        spec["workload"] = {**spec["workload"], "duration_s": None, "num_requests": mode.pick(200, 2000)}
         spec["sim"] = {}
         frame = placement_search(scenario_from_dict(spec), 6)
         assert closed_form_best(frame) == 2
