@@ -21,6 +21,13 @@ Every step the running set is chosen afresh (Orca), and each request gets a slic
 Finished requests retire at the end of the step, releasing their blocks in running (admission)
 order; the blocks are free for the very next step.
 
+Disaggregated pools (:mod:`simbatch.engine.disaggregated`). On a prefill replica a request leaves the
+running set when it samples its first token, its blocks held until its KV has been sent. On a
+decode replica a waiting request whose KV is still remote is admitted in rule 3's order when a slot
+and the blocks of its prompt are free, with no budget (it computes nothing yet): the blocks are
+reserved and its transfer starts; when the transfer is done it joins the running set at the next
+plan, as a decode. Its slot counts from the reservation on.
+
 Chunking: with ``enable_chunked_prefill`` a prompt is split into slices of at most the remaining
 budget (and ``long_prefill_token_threshold``). Without it a prompt must fit whole into what is left
 of the budget (prompts larger than the budget are rejected at arrival); a recompute after preemption,
