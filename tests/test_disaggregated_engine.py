@@ -184,7 +184,8 @@ def test_the_tables_and_the_handover_plot_show_the_pools():
     table = report.result_table(result.summary)
     assert "Disaggregated pools (prefill / decode)" in table and "Mean KV transfer (ms):" in table
     assert "Pool that binds:" in report.stability_block(result.stability)
-    top, bottom = handover(result.requests).axes
+    queues, top, bottom = handover(result.requests, result.iterations).axes
+    assert [p.get_label() for p in queues.patches] == ["prefill pool", "decode pool"]
     assert len(top.collections) == 4  # queue, prefill, wait for a slot, transfer
     assert bottom.lines[0].get_ydata()[-1] == 100  # every request handed over
 

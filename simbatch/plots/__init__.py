@@ -54,7 +54,7 @@ def save_run_plots(folder: Path, result: Result) -> list[Path]:
     if "prefix_cache_hit_rate" in result.summary:
         figures["prefix_cache"] = prefix_cache(runs)
     if sc.cluster.disaggregated is not None:
-        figures["handover"] = handover(result.requests)
+        figures["handover"] = handover(result.requests, result.iterations)
     n = sc.cluster.replicas
     if n > 1:
         figures["replica_load"] = replica_load(result, n, slots=slots // n if not sc.cluster.groups() else None)

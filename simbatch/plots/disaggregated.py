@@ -1,5 +1,5 @@
-"""Disaggregated prefill and decode: where a request's first token and its hand-over spend their time,
-and the placement search's goodput by split."""
+"""Disaggregated prefill and decode: each pool's queue, where a request's first token and its
+hand-over spend their time, and the placement search's goodput by split."""
 
 from __future__ import annotations
 
@@ -7,18 +7,30 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from simbatch.plots import series
 from simbatch.plots.figure import finish_axes, new_figure
+from simbatch.plots.timeseries import FINE_BINS
 
 PARTS = (("queue (prefill side)", "queue_s"), ("prefill", "prefill_s"), ("wait for a decode slot", "decode_queue_s"),
          ("KV transfer", "kv_transfer_s"))
 
 
-def handover(requests: pd.DataFrame) -> Figure:
-    """Top: the mean time of a finished request from arrival to its KV on the decode side, in four
-    parts, by arrival time (windows of 1/40 of the run): queueing for the prefill pool, its prefill
-    (to the first token: DistServe's TTFT is the first two), waiting for room on the decode side, the
-    transfer. Bottom: the cumulative share of requests whose hand-over (wait + transfer) lasted at most x."""
-    fig, (top, bottom) = new_figure(2, height_in=6.4)
+def handover(requests: pd.DataFrame, iterations: pd.DataFrame) -> Figure:
+    """Top: requests waiting in each pool over time (bin means of the steps' ``num_waiting``, summed
+    over the pool's replicas): the queue of the pool that binds is the one that grows. Middle: the
+    mean time of a finished request from arrival to its KV on the decode side, in four parts, by
+    arrival time (windows of 1/40 of the run): queueing for the prefill pool, its prefill (to the
+    first token: DistServe's TTFT is the first two), waiting for room on the decode side, the
+    transfer. Bottom: the cumulative share of requests whose hand-over (wait + transfer) lasted at
+    most x."""
+    fig, (queues, top, bottom) = new_figure(3, height_in=9.0)
+    edges = series.grid(series.end_time_s(iterations, requests), FINE_BINS)
+    for pool, color in (("prefill", "tab:orange"), ("decode", "tab:green")):
+        rows = iterations[iterations["pool"] == pool]
+        queues.stairs(series.step_mean(rows, rows["num_waiting"], edges), edges, color=color, label=f"{pool} pool")
+    queues.set_ylim(bottom=0)
+    queues.set_title("Requests waiting in each pool")
+    finish_axes(queues, "waiting")
     done = requests[(requests["status"] == "finished") & (requests["decode_replica"] >= 0)].sort_values("arrival_s")
     if done.empty:
         top.set_title("No request was handed over to the decode pool")
