@@ -97,6 +97,11 @@ class Stability:
     # The share of a request's device time that the batch shares out: its output tokens' part of tau0,
     # E[out] tau0 / B; the rest (beta, delta c_bar, prefill) is the same work whatever the batch.
     shared_fraction: float = 1.0
+    # Disaggregated prefill and decode: the pool that binds ("prefill" or "decode"; its replicas are
+    # ``replicas``), and each pool's capacity (:func:`pool_capacity`). Empty for one pool of replicas.
+    pool: str = ""
+    prefill_capacity_requests_per_s: float = math.nan
+    decode_capacity_requests_per_s: float = math.nan
 
     @property
     def stable(self) -> bool:
@@ -125,15 +130,16 @@ class Stability:
 
     @property
     def verdict(self) -> str:
-        limit = {"memory": " (KV memory limits the batch)",
-                 "compute": " (compute binds: a larger batch would barely help)"}.get(self.limited_by, "")
+        limit = f" (the {self.pool} pool binds)" if self.pool else \
+            {"memory": " (KV memory limits the batch)",
+             "compute": " (compute binds: a larger batch would barely help)"}.get(self.limited_by, "")
         if self.stable:
             return f"stable (offered load {self.offered_load:.0%}){limit}"
         rho = self.offered_load
         # Two decimals near 1, so that 1.02x does not read as a harmless "1.0x"; three figures far above.
         factor = f"{rho:.2f}" if rho < 1.1 else f"{rho:.1f}" if rho < 1000 else f"{rho:.3g}"
         need = self.replicas_needed
-        fix = (f"{need:,} replicas would carry it" if need <= 100_000 else
+        fix = (f"{need:,} {self.pool + ' ' if self.pool else ''}replicas would carry it" if need <= 100_000 else
                "more replicas finish it sooner" if math.isinf(need) else "no fleet of a sane size carries it")
         if self.admission_control:
             return (f"overloaded {factor}×{limit}: shedding about {self.shed_fraction:.0%} of requests (429s); "
@@ -227,6 +233,76 @@ def fleet_stability(replicas: Sequence[tuple[Device, int] | tuple[Device, int, f
     )
 
 
+def prefill_capacity(device: Device, replicas: int, token_budget: int, max_num_seqs: int, mean_prompt_tokens: float,
+                     mean_prompt_sq_tokens: float | None = None) -> float:
+    """Requests/s a pool of prefill-only replicas completes at saturation (disaggregated prefill).
+
+    A saturated prefill replica runs steps full of prompt tokens: ``token_budget`` of them, or fewer
+    when ``max_num_seqs`` prompts fill the step first (T = min(budget, max_num_seqs E[P])), so each
+    prompt token carries tau0 / T of a step's fixed cost besides its own gamma, and each prompt its
+    attention, epsilon E[P^2] / 2. A request then takes E[P] (tau0 / T + gamma) + epsilon E[P^2] / 2
+    device-seconds. Left out: the context a later chunk of a chunked prompt reads (delta), and whole
+    prompts not packing a step exactly when prefill is not chunked.
+    """
+    prompt_sq = mean_prompt_tokens ** 2 if mean_prompt_sq_tokens is None else mean_prompt_sq_tokens
+    tokens_per_step = min(token_budget, max_num_seqs * mean_prompt_tokens)
+    per_request_s = mean_prompt_tokens * device.tau0_s / tokens_per_step + \
+        work_s(device, prefill_tokens=mean_prompt_tokens, attention_pairs=prompt_sq / 2) if mean_prompt_tokens else 0.0
+    return math.inf if per_request_s == 0 else replicas / per_request_s
+
+
+def pool_capacity(prefill: float, decode: float) -> tuple[float, str]:
+    """A disaggregated cluster's capacity, requests/s, and the pool that sets it: every request
+    passes through both pools, so the cluster carries min(prefill capacity, decode capacity)."""
+    return (prefill, "prefill") if prefill < decode else (decode, "decode")
+
+
+def best_split(gpus: int, prefill_per_replica: float, decode_per_replica: float) -> int:
+    """Of ``gpus`` replicas, how many to make prefill replicas (at least one of each pool) for the
+    most capacity, min(p x prefill_per_replica, (gpus - p) x decode_per_replica): DistServe's
+    placement search in closed form (ties: the fewer prefill replicas)."""
+    if gpus < 2:
+        raise ValueError(f"gpus ({gpus}) must be at least 2: one prefill and one decode replica")
+    return max(range(1, gpus), key=lambda p: (min(p * prefill_per_replica, (gpus - p) * decode_per_replica), -p))
+
+
+def _disaggregated_stability(scenario: Scenario, workload: WorkloadArrays, rate: float) -> Stability:
+    """:func:`expected_stability` for disaggregated prefill and decode: each pool checked on its own
+    work, and the verdict the binding pool's.
+
+    The decode pool decodes ``O - 1`` tokens a request (the first came from the prefill pool), each
+    request holding and reading ``P + 1`` .. ``P + O - 1`` tokens, and holds its slot one step more:
+    the transfer starts when a step is planned, and the request decodes from the step after the one
+    its KV arrived in (a transfer longer than a step holds it longer, which this leaves out). So a
+    request takes O slot-steps (O - 1 decoding). The prefill pool prefills prompts
+    (:func:`prefill_capacity`).
+    """
+    pools = scenario.cluster.disaggregated
+    specs = replica_scenarios(scenario)
+    prompt, output = workload.prompt_tokens, workload.output_tokens
+    decoded = np.maximum(output - 1, 0)
+    slot_steps = np.where(output > 1, output, 0)  # a one-token output never reaches the decode pool
+    shed = scenario.scheduler.max_waiting is not None
+    n = len(workload)
+    dec = specs[-1]
+    held = mean_blocks_held(prompt + 1, decoded, dec.kv_cache.block_size)
+    decode = fleet_stability([(dec.device, dec.batching.max_num_seqs, memory_batch(dec.kv_cache.num_blocks, held))]
+                             * pools.decode.count, rate, float(slot_steps.mean()) if n else 0.0,
+                             admission_control=shed, mean_context_tokens=mean_context_tokens(prompt + 1, decoded),
+                             mean_prompt_sq_tokens=0.0)
+    pre = specs[0]
+    mean_p = float(prompt.mean()) if n else 0.0
+    prefill = prefill_capacity(pre.device, pools.prefill.count, pre.batching.max_num_batched_tokens,
+                               pre.batching.max_num_seqs, mean_p,
+                               float((prompt.astype(np.float64) ** 2).mean()) if n else 0.0)
+    capacity, binding = pool_capacity(prefill, decode.capacity_requests_per_s)
+    out = replace(decode, mean_prompt_tokens=mean_p, pool=binding, prefill_capacity_requests_per_s=prefill,
+                  decode_capacity_requests_per_s=decode.capacity_requests_per_s)
+    if binding == "prefill":
+        out = replace(out, offered_load=rate / prefill, capacity_requests_per_s=prefill, replicas=pools.prefill.count)
+    return out
+
+
 def expected_stability(scenario: Scenario, workload: WorkloadArrays) -> Stability:
     """The stability check for this scenario's traffic, from the workload's own lengths.
 
@@ -242,6 +318,8 @@ def expected_stability(scenario: Scenario, workload: WorkloadArrays) -> Stabilit
     rate = scenario.workload.arrival.rate if scenario.workload.arrival is not None else float("inf")
     if scenario.workload.trace is not None or rate == float("inf"):
         rate = len(workload) / duration if duration > 0 else float("inf")
+    if scenario.cluster.disaggregated is not None:
+        return _disaggregated_stability(scenario, workload, rate)
     held: dict[int, float] = {}  # by block size: a fleet shares one workload
     replicas = []
     for s in replica_scenarios(scenario):

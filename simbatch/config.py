@@ -574,6 +574,38 @@ class ReplicaSpec(_Model):
 LOAD_ROUTERS = ("least_outstanding", "least_kv", "power_of_two", "session_affinity")
 
 
+class KVTransfer(_Model):
+    """The link a request's KV crosses from its prefill replica to its decode replica."""
+
+    bandwidth_gb_s: PosFloat = Field(description="Bytes moved per second, in GB/s (10^9 bytes).")
+    latency_ms: NonNegFloat = Field(default=0.0, description="Fixed cost of one transfer (set-up, handshake), ms.")
+
+    def seconds_for(self, num_bytes: float) -> float:
+        """One transfer of ``num_bytes``: bytes / bandwidth + latency, s."""
+        return num_bytes / (self.bandwidth_gb_s * 1e9) + seconds(self.latency_ms)
+
+
+class Disaggregated(_Model):
+    """Disaggregated prefill and decode: two pools of replicas, and the KV transfer between them.
+
+    A request is prefilled on a prefill replica (chosen by ``cluster.router``), samples its first
+    token there, and moves on to a decode replica, which decodes it to the end (docs/concepts.md,
+    "Disaggregated prefill and decode"). Replicas 0 .. prefill.count - 1 are the prefill pool, the
+    rest the decode pool.
+    """
+
+    prefill: ReplicaSpec = Field(description="The prefill pool: count, and the sections it overrides.")
+    decode: ReplicaSpec = Field(description="The decode pool: count, and the sections it overrides.")
+    kv_transfer: KVTransfer
+    decode_router: Literal["round_robin", "random", "least_outstanding", "least_kv", "power_of_two",
+                           "session_affinity"] = Field(
+        default="least_outstanding", description="Which decode replica a prefilled request goes to (as "
+        "cluster.router, over the decode pool; read when its KV transfer is requested).")
+    kv_bytes_per_token: PosFloat | None = Field(
+        default=None, description="Bytes per token. The KV of one token on one GPU (all layers, keys and "
+        "values); from the prefill pool's device.preset when omitted (required without one).")
+
+
 class Cluster(_Model):
     """Replicas behind a router, and the admission control in front of them."""
 
@@ -598,12 +630,19 @@ class Cluster(_Model):
         default=None, description="Cap on requests in the cluster (waiting + running, all replicas); "
         "arrivals beyond it are rejected (429, reason cluster_full)."
     )
+    disaggregated: Disaggregated | None = Field(
+        default=None, description="Separate prefill and decode pools with a KV transfer between them "
+        "(continuous batching only); replicas is then the pools' total.")
 
     @model_validator(mode="before")
     @classmethod
     def _count_from_specs(cls, data):
         # The replica count is the specs' total, so everything that reads `replicas` reads the truth.
         specs = data.get("replica_specs") if isinstance(data, dict) else None
+        pools = data.get("disaggregated") if isinstance(data, dict) else None
+        if specs is None and isinstance(pools, dict | Disaggregated):
+            get = pools.get if isinstance(pools, dict) else (lambda k: getattr(pools, k))
+            specs = [get("prefill"), get("decode")]
         if isinstance(specs, list) and "replicas" not in data:
             counts = [s.get("count", 1) if isinstance(s, dict) else getattr(s, "count", None) for s in specs]
             if all(isinstance(c, int) and c > 0 for c in counts):
@@ -612,8 +651,16 @@ class Cluster(_Model):
 
     @model_validator(mode="after")
     def _consistent(self) -> Cluster:
-        if self.replica_specs is not None:
-            total = sum(s.count for s in self.replica_specs)
+        if self.disaggregated is not None:
+            if self.replica_specs is not None:
+                raise ValueError("cluster.replica_specs with cluster.disaggregated: the pools are the fleet; give "
+                                 "each pool's sections under disaggregated.prefill / disaggregated.decode")
+            if self.max_in_flight is not None:
+                raise ValueError(f"cluster.max_in_flight ({self.max_in_flight}) with cluster.disaggregated is not "
+                                 "modelled (a request in transfer is in neither pool); remove max_in_flight, or "
+                                 "cap each pool's queue with scheduler.max_waiting")
+        if self.groups() is not None:
+            total = sum(s.count for s in self.groups())
             if self.replicas != total:
                 raise ValueError(f"replicas ({self.replicas}) disagrees with replica_specs, whose counts sum to "
                                  f"{total}; remove replicas or set it to {total}")
@@ -625,6 +672,13 @@ class Cluster(_Model):
     @property
     def signal_delay_s(self) -> float:
         return seconds(self.signal_delay_ms)
+
+    def groups(self) -> list[ReplicaSpec] | None:
+        """The groups of alike replicas, in index order (the two pools when disaggregated), or None
+        when every replica runs the scenario's own sections."""
+        if self.disaggregated is not None:
+            return [self.disaggregated.prefill, self.disaggregated.decode]
+        return self.replica_specs
 
 
 class SLO(_Model):
@@ -698,17 +752,17 @@ class Scenario(_Model):
         given = self.kv_cache
         self.__dict__["kv_cache"] = given.resolved(self.device, self.batching, "kv_cache")
         derived = given.num_blocks == "auto" or given.gpu_kv_cache_tokens is not None
-        for i, spec in enumerate(self.cluster.replica_specs or []):
+        for where, spec in _named_groups(self.cluster):
             cache = spec.kv_cache if spec.kv_cache is not None else \
                 given if derived and (spec.device is not None or spec.batching is not None) else None
             if cache is not None:
                 spec.__dict__["kv_cache"] = cache.resolved(spec.device or self.device, spec.batching or self.batching,
-                                                           f"cluster.replica_specs.{i}.kv_cache")
+                                                           f"{where}.kv_cache")
         return self
 
     @model_validator(mode="after")
     def _prefix_caching(self) -> Scenario:
-        specs = self.cluster.replica_specs
+        specs = self.cluster.groups()
         pairs = [(self.kv_cache, self.batching)] if specs is None else \
             [(s.kv_cache or self.kv_cache, s.batching or self.batching) for s in specs]
         if any(kv.enable_prefix_caching and b.mode != "continuous" for kv, b in pairs):
@@ -732,9 +786,9 @@ class Scenario(_Model):
             # every request the client lets out can sit in such a batcher short of a full batch, the
             # client waits for a response that never comes: a deadlock, in the model as in a real
             # deployment. Pigeonhole: more than sum(max_num_seqs - 1) in flight always fills one.
-            batchings = [self.batching] if self.cluster.replica_specs is None else \
-                [s.batching or self.batching for s in self.cluster.replica_specs for _ in range(s.count)]
-            if self.cluster.replica_specs is None:
+            batchings = [self.batching] if self.cluster.groups() is None else \
+                [s.batching or self.batching for s in self.cluster.groups() for _ in range(s.count)]
+            if self.cluster.groups() is None:
                 batchings *= self.cluster.replicas
             stuck = sum(b.max_num_seqs - 1 for b in batchings if b.mode == "static" and b.max_wait_ms is None)
             if stuck and cap <= stuck:
@@ -743,6 +797,43 @@ class Scenario(_Model):
                                  f"up to {stuck} requests can wait for batches that never fill while the client "
                                  f"waits for them; set batching.max_wait_ms, or {which} to at least {stuck + 1}")
         return self
+
+    @model_validator(mode="after")
+    def _disaggregated(self) -> Scenario:
+        pools = self.cluster.disaggregated
+        if pools is None:
+            return self
+        for name, spec in (("prefill", pools.prefill), ("decode", pools.decode)):
+            where = f"cluster.disaggregated.{name}"
+            mode = (spec.batching or self.batching).mode
+            if mode != "continuous":
+                raise ValueError(f"{where} runs batching.mode {mode}: disaggregated pools hand requests over "
+                                 "between steps, which needs iteration-level scheduling; use batching.mode: continuous")
+        if (pools.decode.kv_cache or self.kv_cache).enable_prefix_caching:
+            raise ValueError("cluster.disaggregated.decode has kv_cache.enable_prefix_caching: a decode replica "
+                             "receives its prompts' KV whole, it never looks a prefix up; enable it on the prefill "
+                             "pool only (disaggregated.prefill.kv_cache, or the scenario's kv_cache with a "
+                             "decode.kv_cache of its own)")
+        wl = self.workload
+        if wl.max_concurrency is not None or wl.closed_loop is not None:
+            raise ValueError("workload.max_concurrency / closed_loop with cluster.disaggregated is not modelled; "
+                             "use an open-loop workload (arrival rate or trace)")
+        if self.cluster.signal_delay_ms > 0:
+            raise ValueError(f"cluster.signal_delay_ms ({self.cluster.signal_delay_ms:g}) with "
+                             "cluster.disaggregated is not modelled; set it to 0")
+        if pools.kv_bytes_per_token is None and (pools.prefill.device or self.device).deployment() is None:
+            raise ValueError("cluster.disaggregated.kv_bytes_per_token is missing and the prefill pool's device "
+                             "has no preset to derive it from; give kv_bytes_per_token (e.g. 131072 for "
+                             "llama-3.1-8b in bf16) or set device.preset")
+        return self
+
+    def kv_bytes_per_token(self) -> float:
+        """KV bytes of one token as a disaggregated cluster transfers it: the setting, or the prefill
+        pool's preset (all layers, keys and values, one GPU's share)."""
+        pools = self.cluster.disaggregated
+        if pools.kv_bytes_per_token is not None:
+            return pools.kv_bytes_per_token
+        return (pools.prefill.device or self.device).deployment().kv_bytes_per_token
 
     def resolve(self, path: Path) -> Path:
         """A data path as the scenario means it: relative to the scenario file's folder."""
@@ -787,13 +878,21 @@ def suggestion(loc: tuple) -> str | None:
     return close[0] if close else None
 
 
+def _named_groups(cluster: Cluster) -> list[tuple[str, ReplicaSpec]]:
+    """Each replica group with the dotted key that names it in a scenario file."""
+    if cluster.disaggregated is not None:
+        return [("cluster.disaggregated.prefill", cluster.disaggregated.prefill),
+                ("cluster.disaggregated.decode", cluster.disaggregated.decode)]
+    return [(f"cluster.replica_specs.{i}", spec) for i, spec in enumerate(cluster.replica_specs or [])]
+
+
 def replica_scenarios(scenario: Scenario) -> list[Scenario]:
     """The scenario each replica runs, in index order.
 
     Alike replicas all run ``scenario``; in a heterogeneous fleet each ``replica_specs`` group runs
     it with the sections its spec gives swapped in.
     """
-    specs = scenario.cluster.replica_specs
+    specs = scenario.cluster.groups()
     if specs is None:
         return [scenario] * scenario.cluster.replicas
     out: list[Scenario] = []

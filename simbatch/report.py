@@ -93,6 +93,15 @@ def result_table(summary: Mapping, percentile_metrics: Sequence[str] = LATENCY_M
               _row("Mean queue time Wq (s):", summary["Wq_s"])]
     if "prefix_cache_hit_rate" in summary:
         lines.insert(len(lines) - 2, _row("Prefix cache hit rate (%):", 100 * summary["prefix_cache_hit_rate"], 1))
+    if "prefill_busy_fraction" in summary:
+        lines += [_title("Disaggregated pools (prefill / decode)")]
+        lines += [_row(f"{name}:", " / ".join(fmt(summary[f"{pool}_{key}"]) for pool in ("prefill", "decode")))
+                  for name, key, fmt in (("Busy fraction (%)", "busy_fraction", lambda v: f"{100 * v:.1f}"),
+                                         ("Mean batch size (seqs/step)", "mean_batch_size", lambda v: f"{v:.2f}"),
+                                         ("Mean KV cache usage (%)", "mean_kv_usage", lambda v: f"{100 * v:.1f}"),
+                                         ("Tokens computed (tok/s)", "token_throughput", lambda v: f"{v:,.0f}"))]
+        lines += [_row("Mean wait for a decode slot (ms):", summary["mean_decode_queue_ms"]),
+                  _row("Mean KV transfer (ms):", summary["mean_kv_transfer_ms"])]
     replicas = sorted(int(k.split("_")[1]) for k in summary if k.startswith("replica_") and k.endswith("_L"))
     if replicas:
         lines += [_title("Replicas"),
@@ -113,9 +122,14 @@ def stability_block(st: Stability) -> str:
     per = "" if st.replicas == 1 else f"{st.replicas} × "
     slots = st.batch_size * st.replicas  # a mixed fleet's batch_size is its mean full batch
     lines = [_title("Stability check", "="),
-             _row("Arrival rate λ (req/s):", st.arrival_rate),
-             _row("Mean output tokens E[out]:", st.mean_output_tokens, 1),
-             _row("Offered token load λ·E[out] (tok/s):", st.offered_tokens_per_s)]
+             _row("Arrival rate λ (req/s):", st.arrival_rate)]
+    if st.pool:
+        lines += [_row("Prefill pool capacity (req/s):", st.prefill_capacity_requests_per_s),
+                  _row("Decode pool capacity (req/s):", st.decode_capacity_requests_per_s),
+                  _row("Pool that binds:", st.pool),
+                  "(ρ, replicas: the binding pool's; the rest: the decode pool's)"]
+    lines += [_row("Mean output tokens E[out]:", st.mean_output_tokens, 1),
+              _row("Offered token load λ·E[out] (tok/s):", st.offered_tokens_per_s)]
     if st.limited_by == "memory":
         lines.append(_row("Batch KV memory holds (slots):", f"{st.memory_batch:,.1f} (of {_batch(st.slots)}): "
                                                             "memory binds"))

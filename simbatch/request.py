@@ -59,6 +59,8 @@ class Request:
     prefix_stream: int = -1
     shared_prefix_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at its first admission
+    # Disaggregated decode side: its prompt's KV is still on its prefill replica (simbatch.engine.disaggregated).
+    remote_kv: bool = False
     num_published_blocks: int = 0  # leading blocks offered to the prefix cache (KV manager's bookkeeping)
     # Empty ones are the shared (): a million requests need no million empty lists.
     block_ids: Sequence[int] = ()

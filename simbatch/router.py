@@ -131,10 +131,11 @@ class SessionAffinity:
         return home
 
 
-def make_router(scenario: Scenario, session: np.ndarray):
-    """The router ``scenario.cluster.router`` names; ``session`` holds each request's session id."""
-    policy = scenario.cluster.router
-    rng = streams.rng(scenario.seed, streams.ROUTING)
+def make_router(scenario: Scenario, session: np.ndarray, policy: str | None = None, stream: int = streams.ROUTING):
+    """The router ``scenario.cluster.router`` (or ``policy``) names, drawing from random ``stream``;
+    ``session`` holds each request's session id."""
+    policy = policy or scenario.cluster.router
+    rng = streams.rng(scenario.seed, stream)
     return {
         "round_robin": RoundRobin,
         "random": lambda: Random(rng),

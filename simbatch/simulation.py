@@ -49,7 +49,8 @@ def simulate(scenario: Scenario, *, check_invariants: bool = False,
                     observers=observers)
     end_s = engine.run()
     requests = requests_frame(workload, engine.recorder)
-    iterations = iterations_frame(engine.recorder)
+    pools = scenario.cluster.disaggregated
+    iterations = iterations_frame(engine.recorder, None if pools is None else pools.prefill.count)
     summary = summarize(scenario, requests, iterations, engine.recorder, end_s)
     return Result(scenario, requests, iterations, summary, expected_stability(scenario, workload),
                   list(engine.recorder.stall_gaps_s))

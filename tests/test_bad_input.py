@@ -32,6 +32,16 @@ batching:
 """
 
 
+DISAGGREGATED = """\
+cluster:
+  disaggregated:
+    prefill: {count: 1}
+    decode: {count: 2}
+    kv_transfer: {latency_ms: 1, bandwidth_gb_s: 50}
+    kv_bytes_per_token: 131072
+"""
+
+
 def edited(old: str, new: str) -> str:
     assert old in GOOD
     return GOOD.replace(old, new)
@@ -76,6 +86,14 @@ CASES = [
     ("bad_mode", GOOD, ("--mode", "eager"), "--set: batching.mode:", ["'static', 'dynamic' or 'continuous'",
                                                                        "'eager'"]),
     ("bad_seed", GOOD, ("--seed", "-1"), "--set: seed:", ["greater than or equal to 0", "-1"]),
+    ("disaggregated_static", edited("batching:\n", "batching:\n  mode: static\n") + DISAGGREGATED, (),
+     "s.yaml:1:1: cluster.disaggregated.prefill runs", ["cluster.disaggregated.prefill runs batching.mode static", "use batching.mode: continuous"]),
+    ("disaggregated_no_kv_bytes", GOOD + DISAGGREGATED.replace("    kv_bytes_per_token: 131072\n", ""), (),
+     "s.yaml:", ["cluster.disaggregated.kv_bytes_per_token is missing", "give kv_bytes_per_token"]),
+    ("disaggregated_zero_bandwidth", GOOD + DISAGGREGATED.replace("bandwidth_gb_s: 50", "bandwidth_gb_s: 0"),
+     (), "s.yaml:19:50: cluster.disaggregated.kv_transfer.bandwidth_gb_s:", ["greater than 0", "got 0"]),
+    ("disaggregated_max_in_flight", GOOD + DISAGGREGATED + "  max_in_flight: 10\n", (),
+     "s.yaml:16:3: cluster:", ["cluster.max_in_flight (10) with cluster.disaggregated", "remove max_in_flight"]),
 ]
 
 

@@ -315,3 +315,43 @@ def test_the_benchmark_workloads_run_alike_on_both_engines(name):
     scenario = CASES[name][1]().model_dump(mode="json")
     scenario["workload"]["num_requests"] = 800
     assert_same_run(scenario)
+
+
+@st.composite
+def disaggregated(draw, base, exact: bool) -> dict:
+    """``base`` with disaggregated prefill and decode: one or two replicas a pool, the decode pool with
+    its own slots and (often fewer) blocks, so that requests queue for room there, and a KV link whose
+    transfers last, when ``exact``, a multiple of 1/64 s (on step boundaries, as the steps of
+    :func:`tie_scenarios` are) or the 125 ms latency alone."""
+    scenario = draw(base)
+    batching = {**scenario["batching"], "mode": "continuous"}
+    decode_kv = {**scenario["kv_cache"], "enable_prefix_caching": False,
+                 "num_blocks": draw(st.integers(40, 3000))}
+    decode_batching = {**batching, "max_num_seqs": draw(st.integers(1, min(24, batching["max_num_batched_tokens"])))}
+    if exact:
+        bytes_per_token, gb_per_s = draw(st.sampled_from([(15_625_000, 1.0), (1, 1000.0)]))
+        latency_ms = draw(st.sampled_from([0.0, 125.0]))
+    else:
+        bytes_per_token, gb_per_s = draw(st.floats(1e3, 1e6)), draw(st.floats(0.1, 100))
+        latency_ms = draw(st.floats(0, 50))
+    pools = {"prefill": {"count": draw(st.integers(1, 2))},
+             "decode": {"count": draw(st.integers(1, 2)), "kv_cache": decode_kv, "batching": decode_batching},
+             "kv_transfer": {"bandwidth_gb_s": gb_per_s, "latency_ms": latency_ms},
+             "kv_bytes_per_token": bytes_per_token,
+             "decode_router": draw(st.sampled_from(["round_robin", "least_kv", "least_outstanding", "power_of_two"]))}
+    cluster = {"router": scenario["cluster"]["router"], "disaggregated": pools}
+    return {**scenario, "batching": batching, "cluster": cluster}
+
+
+@settings(max_examples=examples(12), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(disaggregated(scenarios(), exact=False))
+def test_fast_forward_equals_stepping_disaggregated(scenario):
+    """Hand-overs and transfer deliveries reach decode replicas mid-run: they cut it as arrivals do."""
+    assert_same_run(scenario)
+
+
+@settings(max_examples=examples(20), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_fast_forward_equals_stepping_disaggregated_on_exact_ties(data, tmp_path_factory):
+    """First tokens, transfer ends, arrivals and step ends on the same instants."""
+    assert_same_run(data.draw(disaggregated(tie_scenarios(tmp_path_factory.getbasetemp()), exact=True)))

@@ -42,6 +42,9 @@ def test_every_scenario_runs_through_the_cli(tmp_path, path):
     assert {p.name for p in out.iterdir()} == (RUN_FILES if not plots else RUN_FILES - {"plots", "report.html"})
     summary = json.loads((out / "summary.json").read_text())
     assert summary["completed"] + summary["rejected"] + summary["unfinished"] == summary["num_requests"] > 0
+    if path.stem == "disaggregated":  # its own columns and plot
+        assert {"decode_replica", "kv_transfer_s"} <= set((out / "requests.csv").read_text().split("\n")[0].split(","))
+        assert (out / "plots" / "handover.png").is_file()
     assert summary["littles_law_rel_error"] < 1e-6
     # Results land under the scenario's own name; a lesson names its file.
     assert load_scenario(path).name == path.stem
@@ -208,3 +211,22 @@ def test_llama3_8b_h100_figures():
     for rate, load in ((36, 0.97), (38, 1.02)):
         scenario = load_scenario(SCENARIOS / "llama3_8b_h100.yaml", [f"workload.arrival.rate={rate}"])
         assert round(expected_stability(scenario, generate(scenario)).offered_load, 2) == load
+
+
+def test_disaggregated_figures():
+    """The figures disaggregated.yaml quotes: 2 : 2 against the same four GPUs collocated, the hand-over's
+    two waits, and the placement search over 1 : 3, 2 : 2, 3 : 1."""
+    from simbatch.sweep.placement import best, closed_form_best, placement_search
+
+    split = run("disaggregated")
+    s = split.summary
+    assert (round(s["p99_tpot_ms"], 1), round(s["request_goodput"], 2), round(s["request_throughput"], 2)) == \
+        (9.8, 9.64, 9.67)
+    assert (round(s["mean_decode_queue_ms"]), round(s["mean_kv_transfer_ms"])) == (4, 6)
+    together = run("disaggregated", "cluster.disaggregated=null", "cluster.replicas=4").summary
+    assert (round(together["p99_tpot_ms"], 1), round(together["request_goodput"], 2)) == (12.5, 6.91)
+    assert abs(together["request_throughput"] - s["request_throughput"]) < 0.02
+    frame = placement_search(load_scenario(SCENARIOS / "disaggregated.yaml"), 4)
+    assert round(frame["p99_ttft_ms"].iloc[0]) == 611
+    assert (round(frame["p99_tpot_ms"].iloc[2], 1), round(frame["goodput"].iloc[2], 2)) == (12.5, 0.80)
+    assert int(best(frame).prefill_replicas) == closed_form_best(frame) == 2

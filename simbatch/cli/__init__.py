@@ -7,6 +7,7 @@
     simbatch capacity [SCENARIO.yaml] the analytic throughput model
     simbatch sweep SCENARIO.yaml      a grid of parameters x replications, locally or on Dask
     simbatch capacity-search ...      the highest arrival rate that meets the SLOs
+    simbatch placement SCENARIO.yaml  the best prefill:decode split of N replicas (disaggregated)
     simbatch presets                  the model and GPU cards behind device.preset
     simbatch calibrate FILE...        device costs fitted to per-step timings or vllm bench serve results
     simbatch view RESULT_DIR          open a result folder's report.html (or serve it on localhost)
@@ -25,6 +26,7 @@ from simbatch.cli.capacity import capacity
 from simbatch.cli.explore import explore
 from simbatch.cli.hardware import calibrate, presets
 from simbatch.cli.inspect import schema, validate
+from simbatch.cli.placement import placement
 from simbatch.cli.run import compare, run
 from simbatch.cli.sweep import register as register_sweep
 from simbatch.cli.view import view
@@ -36,7 +38,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-for command in (run, compare, validate, schema, capacity, presets, calibrate):
+for command in (run, compare, validate, schema, capacity, presets, calibrate, placement):
     app.command()(command)
 register_sweep(app)
 app.command()(view)

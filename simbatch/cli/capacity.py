@@ -34,6 +34,27 @@ def _positive(flag: str, value: float | None, *, allow_zero: bool = False) -> No
         raise BadInput(f"{flag}: got {value:g}; it must be a finite number {bound}")
 
 
+_FLAGS = ("tau0_ms", "beta_ms", "prefill_ms_per_token", "kv_read_ms_per_1k_tokens", "prefill_attention_ms_per_1m_pairs",
+          "max_num_seqs", "rate", "mean_output_tokens", "mean_prompt_tokens", "mean_context_tokens", "replicas")
+
+
+def _disaggregated(scenario, given: list[str]) -> None:
+    """A disaggregated scenario: the decode pool's throughput table and the two pools' stability check."""
+    from simbatch import report
+    from simbatch.capacity import expected_stability
+    from simbatch.config import replica_scenarios
+    from simbatch.workload import generate
+
+    if given:
+        raise BadInput(f"{_flag(given[0])}: the scenario's cluster is disaggregated, and the flags describe one pool "
+                       "of alike replicas; edit the pools in the scenario file, or drop the flag")
+    st = expected_stability(scenario, generate(scenario))
+    decode = replica_scenarios(scenario)[-1]
+    typer.echo(report.capacity_table(decode.device, decode.batching.max_num_seqs,
+                                     scenario.cluster.disaggregated.decode.count, st.mean_context_tokens))
+    typer.echo(report.stability_block(st))
+
+
 OPTIONAL_SCENARIO_ARG = typer.Argument(None, metavar="[SCENARIO.yaml]", show_default=False,
                                        help="Take every default below from this scenario.")
 
@@ -79,6 +100,9 @@ def capacity(
     if scenario_file is not None:
         scenario = load_scenario(scenario_file)
         guard.check_run(scenario, force)
+        if scenario.cluster.disaggregated is not None:
+            _disaggregated(scenario, [flag for flag, value in locals().items() if flag in _FLAGS and value is not None])
+            return
         base, seqs, n_replicas = scenario.device, scenario.batching.max_num_seqs, scenario.cluster.replicas
         st = expected_stability(scenario, generate(scenario))
         traffic = {"rate": st.arrival_rate, "out": st.mean_output_tokens, "prompt": st.mean_prompt_tokens}

@@ -98,6 +98,8 @@ class AcceleratedReplica(Replica):
                 yield Late(env)
             now_s = now / NS_PER_S
             plan = schedule(now_s)
+            if self.pool is not None:
+                self._hand_over(plan, now)
             if plan.__class__ is not StepPlan:
                 yield from self._sleep(plan)
                 contiguous, now = False, env.now

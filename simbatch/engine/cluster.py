@@ -23,6 +23,7 @@ from simbatch.client import Client
 from simbatch.clock import NS_PER_S, Urgent, to_ns
 from simbatch.config import Scenario, replica_scenarios
 from simbatch.engine.accelerated import AcceleratedReplica
+from simbatch.engine.disaggregated import Dispatcher
 from simbatch.engine.replica import Replica
 from simbatch.kv import blocks_for, peak_kv_tokens
 from simbatch.metrics.recorder import Recorder
@@ -82,6 +83,10 @@ class Engine:
         for replica in self.replicas:
             replica.plans_after_sends = self.client is not None
         self.router = make_router(scenario, workload.session)
+        # Arrivals go to the prefill pool when prefill and decode are disaggregated, to every replica otherwise.
+        self.dispatcher = None if scenario.cluster.disaggregated is None else \
+            Dispatcher(self.env, scenario, self.replicas, self.recorder, workload.session, check_invariants)
+        self.entry = self.replicas if self.dispatcher is None else self.dispatcher.prefill
         self.on_progress = on_progress
         self.arrivals_done = False
         self._arrival_ns = np.rint(workload.arrival_s * NS_PER_S).astype(np.int64)  # exact on the clock's grid
@@ -126,17 +131,17 @@ class Engine:
         """
         env, wl, rec, sc = self.env, self.workload, self.recorder, self.scenario
         max_waiting, max_in_flight = sc.scheduler.max_waiting, sc.cluster.max_in_flight
-        replicas, views, observers = self.replicas, self._views, self.observers
+        replicas, entry, views, observers = self.replicas, self.entry, self._views, self.observers
         rows = zip(_chunked(self._arrival_ns), _chunked(wl.arrival_s), _chunked(wl.prompt_tokens),
                    _chunked(wl.output_tokens), _chunked(wl.tenant), _chunked(wl.priority),
                    _chunked(wl.prefix_stream), _chunked(wl.shared_prefix_tokens), strict=True)
-        single = len(replicas) == 1 and views is None
+        single = len(entry) == 1 and views is None
         lone = self._lone  # told when each request will arrive
         client = self.client
         # Closed-loop users stop at the workload's duration (open-loop arrivals are all before it).
         stop_sending_ns = to_ns(sc.workload.duration_s) \
             if client is not None and not client.open_loop and sc.workload.duration_s is not None else None
-        rejected = [rejection_reasons(s, wl.prompt_tokens, wl.output_tokens) for s in self.replica_scenarios]
+        rejected = self._rejections()
         for i, (t, t_s, prompt, output, tenant, priority, stream, shared) in enumerate(rows):
             if lone is not None:
                 lone.next_arrival_ns = t
@@ -157,8 +162,8 @@ class Engine:
                     sum(r.num_running + r.num_waiting for r in replicas) >= max_in_flight:
                 reason = "cluster_full"  # never routed
             else:
-                replica = replicas[0] if single else \
-                    replicas[self.router.route(i, replicas if view is None else view)]
+                replica = entry[0] if single else \
+                    replicas[self.router.route(i, entry if view is None else view)]
                 rec.replica[i] = replica.index
                 reason = rejected[replica.index].get(i)
                 if reason is None and max_waiting is not None and replica.num_waiting >= max_waiting:
@@ -179,6 +184,19 @@ class Engine:
         for replica in replicas:
             replica.close()
 
+    def _rejections(self) -> list[dict[int, str]]:
+        """Per replica, the requests it must turn away at arrival (see :func:`rejection_reasons`).
+
+        Disaggregated, a prefill replica holds a prompt (its output is the decode side's), and
+        turns away, too, a request no decode replica could ever hold whole."""
+        wl = self.workload
+        if self.dispatcher is None:
+            return [rejection_reasons(s, wl.prompt_tokens, wl.output_tokens) for s in self.replica_scenarios]
+        one = np.ones_like(wl.output_tokens)
+        decode = rejection_reasons(self.replica_scenarios[-1], wl.prompt_tokens, wl.output_tokens)
+        prefill = decode | rejection_reasons(self.replica_scenarios[0], wl.prompt_tokens, one)
+        return [prefill if r.pool == "prefill" else {} for r in self.replicas]
+
     def run(self) -> float:
         """Run to the end (drained, or ``sim.max_time_s``); returns the end time of the run, s.
 
@@ -191,7 +209,7 @@ class Engine:
         for replica in self.replicas:
             replica.stop(self.env.now)
         rec = self.recorder
-        in_system = [r for rep in self.replicas for r in (*rep.scheduler.running, *rep.scheduler.waiting)]
+        in_system = [r for rep in self.replicas for r in rep.scheduler.in_system()]
         if in_system and limit is None:
             raise RuntimeError(f"the engine stopped with {len(in_system)} requests in the system: a scheduler bug")
         cut = limit_ns is not None and (in_system or not self.arrivals_done)

@@ -12,6 +12,10 @@ Everything here is computed from the two frames, so it holds for any run, one re
 - **Imbalance**: ``max_r L_r / mean_r L_r``. 1 when every replica carries the same load, N when one
   carries all of it; NaN when nothing was admitted. Over time (``simbatch.plots.cluster``), the
   same ratio of each replica's time-average over a window.
+- Disaggregated prefill and decode: a request is in the system at its prefill replica until its
+  first token and at its decode replica after (``decode_replica``), so the L_r still add up to ``L``;
+  its output tokens count at its decode replica, and ``load_imbalance`` is the larger of the two
+  pools' imbalances (the pools do different work: their loads are not comparable).
 - ``busy_fraction`` of replica r: its busy time (steps, the one in progress at a clock stop counted
   up to the stop) / T. The cluster's ``busy_fraction`` is the mean over replicas.
 
@@ -47,6 +51,9 @@ def per_replica(requests: pd.DataFrame, iterations: pd.DataFrame, duration_s: fl
     admitted = requests[requests["status"] != "rejected"]
     replica = admitted["replica"].to_numpy(dtype=np.int64)
     done = (admitted["status"] == "finished").to_numpy()
+    # Disaggregated, a request's output tokens come from its decode replica (a one-token output's from its prefill one).
+    out_replica = np.where(admitted["decode_replica"] >= 0, admitted["decode_replica"], replica) \
+        if "decode_replica" in admitted else replica
     sojourn_s = np.fmin(admitted["finish_s"].to_numpy(), duration_s) - admitted["arrival_s"].to_numpy()
     # An empty iterations frame has untyped columns: say the types.
     step_replica = iterations["replica"].to_numpy(dtype=np.int64)
@@ -56,16 +63,23 @@ def per_replica(requests: pd.DataFrame, iterations: pd.DataFrame, duration_s: fl
         return np.bincount(keys, weights, minlength=num_replicas)
 
     n_admitted, num_steps = total(replica), total(step_replica, steps)
+    in_system_s = total(replica, sojourn_s)
+    if "decode_replica" in admitted:
+        # Disaggregated: a request counts at its prefill replica until its first token, at its decode one after.
+        decode = admitted["decode_replica"].to_numpy(dtype=np.int64)
+        handed = decode >= 0
+        after_s = np.where(handed, sojourn_s - (admitted["first_token_s"].to_numpy() - admitted["arrival_s"].to_numpy()), 0.0)
+        in_system_s = total(replica, sojourn_s - after_s) + total(np.where(handed, decode, replica), after_s)
     with np.errstate(invalid="ignore", divide="ignore"):
         return pd.DataFrame({
             "replica": np.arange(num_replicas),
             "admitted": n_admitted,
             "completed": total(replica[done]),
-            "output_throughput": total(replica[done], admitted["output_tokens"].to_numpy()[done]) / duration_s,
+            "output_throughput": total(out_replica[done], admitted["output_tokens"].to_numpy()[done]) / duration_s,
             "busy_fraction": total(step_replica, busy_s(iterations, duration_s)) / duration_s,
             "mean_batch_size": np.where(num_steps > 0, total(step_replica, iterations["batch_size"].to_numpy(dtype=float)
                                                              * steps) / np.maximum(num_steps, 1), 0.0),
-            "L": total(replica, sojourn_s) / duration_s,
+            "L": in_system_s / duration_s,
             "W_s": total(replica, sojourn_s) / n_admitted,
         })
 
@@ -83,10 +97,13 @@ def imbalance(loads: np.ndarray) -> np.ndarray | float:
 
 
 def cluster_summary(requests: pd.DataFrame, iterations: pd.DataFrame, duration_s: float,
-                    num_replicas: int) -> dict[str, float]:
-    """The summary's cluster keys (see the module docstring)."""
+                    num_replicas: int, prefill_replicas: int | None = None) -> dict[str, float]:
+    """The summary's cluster keys (see the module docstring); disaggregated (``prefill_replicas`` the
+    prefill pool's size), ``load_imbalance`` is the larger of the two pools' own."""
     table = per_replica(requests, iterations, duration_s, num_replicas)
-    out = {"load_imbalance": imbalance(table["L"].to_numpy())}
+    loads = table["L"].to_numpy()
+    out = {"load_imbalance": imbalance(loads) if prefill_replicas is None else
+           float(np.fmax(imbalance(loads[:prefill_replicas]), imbalance(loads[prefill_replicas:])))}
     if num_replicas > 1:
         for row in table.itertuples(index=False):
             out[f"replica_{row.replica}_output_throughput"] = float(row.output_throughput)

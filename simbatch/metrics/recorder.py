@@ -110,6 +110,12 @@ class Recorder(Observer):
         self.waiting_s = np.zeros(n)
         self.generated_tokens = np.zeros(n, dtype=np.int64)
         self.arrived = np.zeros(n, dtype=bool)
+        # Set only in a disaggregated cluster (simbatch.engine.disaggregated): the decode replica, the
+        # wait for room there, and the KV transfer's duration.
+        self.disaggregated = False
+        self.decode_replica = np.full(n, -1, dtype=np.int32)
+        self.decode_queue_s = np.full(n, math.nan)
+        self.kv_transfer_s = np.full(n, math.nan)
         # Set only with a client (simbatch.client): when each request was sent, and how long it was held back.
         self.sent_s = np.full(n, math.nan)
         self.client_wait_s = np.zeros(n)

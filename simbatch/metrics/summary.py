@@ -15,6 +15,15 @@ Per request (the ``requests`` frame; times in seconds from the start of the run)
 - ``client_wait_s`` time the client held the request back before sending it (``workload.max_concurrency``;
   0 otherwise). ``arrival_s`` is when the server received it, the send, so TTFT and E2E count from
   the send as ``vllm bench serve`` measures them; the intended arrival is arrival_s - client_wait_s.
+- Disaggregated prefill and decode (``cluster.disaggregated``): ``replica`` is the prefill replica,
+  ``decode_replica`` the decode one (-1 for a one-token output, which never leaves its prefill
+  replica); ``decode_queue_s`` the wait from the first token until a decode replica reserved the
+  request's blocks (a wait in the decode replica's queue, so ``waiting_s`` counts it too),
+  ``kv_transfer_s`` the transfer then (NaN when there was none). ``ttft_s``
+  follows DistServe: the first token is the prefill replica's, at the end of its prefill, and the
+  hand-over is in the gap to the second token (an ITL stall gap). A server that streams the first
+  token from the decode side (vLLM's disaggregation proxy) shows a TTFT of ttft_s + decode_queue_s +
+  kv_transfer_s + its first decode step.
 
 Per engine step (the ``iterations`` frame): one row per run of consecutive steps of one shape (the
 same pools, batch and token counts), ``duration_s`` their mean duration. Such steps last alike unless
@@ -64,6 +73,11 @@ Queueing quantities, over admitted requests (arrived and not rejected):
 - ``mean_batch_size``: sequences per step, averaged over steps.
 - ``mean_kv_usage``: used / total device blocks, averaged over busy time.
 - ``num_preemptions``: total over the run.
+- Disaggregated: ``prefill_`` and ``decode_`` + ``busy_fraction``, ``num_steps``, ``mean_batch_size``,
+  ``mean_kv_usage``: the keys above over each pool's replicas; ``prefill_token_throughput`` (prompt
+  tokens prefilled per second, recomputes included), ``decode_token_throughput`` (decode tokens per
+  second); ``{mean,median,std,p90,p99}_decode_queue_ms`` and ``..._kv_transfer_ms`` over completed
+  requests handed over.
 - ``prefix_cache_queries``, ``prefix_cache_hits`` (tokens) and ``prefix_cache_hit_rate`` = hits /
   queries, with prefix caching: the prompt tokens of every request admitted at least once, and
   those of them found cached at its first admission (vLLM's ``vllm:prefix_cache_queries`` and
@@ -107,7 +121,7 @@ def requests_frame(wl: WorkloadArrays, rec: Recorder) -> pd.DataFrame:
         tpot = np.where(output > 1, (e2e - ttft) / (output - 1), np.nan)
     # Every column is an array made just above, so the frame keeps each as it is (copy=False) instead
     # of copying them all into one 2-D block per dtype: at 1M requests, ~0.1 s and a copy of the frame.
-    return pd.DataFrame({
+    frame = pd.DataFrame({
         "request_id": idx,
         "replica": rec.replica[idx],
         "tenant": pd.Categorical.from_codes(wl.tenant[idx], categories=list(wl.tenant_names)),
@@ -132,9 +146,16 @@ def requests_frame(wl: WorkloadArrays, rec: Recorder) -> pd.DataFrame:
         "waiting_s": rec.waiting_s[idx],
         "client_wait_s": rec.client_wait_s[idx],
     }, copy=False)
+    if rec.disaggregated:
+        frame["decode_replica"] = rec.decode_replica[idx]
+        frame["decode_queue_s"] = rec.decode_queue_s[idx]
+        frame["kv_transfer_s"] = rec.kv_transfer_s[idx]
+    return frame
 
 
-def iterations_frame(rec: Recorder) -> pd.DataFrame:
+def iterations_frame(rec: Recorder, prefill_replicas: int | None = None) -> pd.DataFrame:
+    """The iterations frame; disaggregated (``prefill_replicas`` the prefill pool's size), with a
+    ``pool`` column, ``prefill`` or ``decode``."""
     runs = rec.take_runs()  # arrays made for this call, so the frame can keep them (see requests_frame)
     # Per replica, in time order: each replica's runs close in time order, so a stable sort by replica
     # alone orders them (and a lone replica's are in order already).
@@ -145,7 +166,13 @@ def iterations_frame(rec: Recorder) -> pd.DataFrame:
     frame = pd.DataFrame(runs, copy=False)
     frame["kv_blocks_used"] = frame.pop("kv_blocks_sum") / frame["num_steps"]
     frame["end_s"] = frame["start_s"] + frame["num_steps"] * frame["duration_s"]
+    if prefill_replicas is not None:
+        frame["pool"] = pd.Categorical.from_codes((frame["replica"].to_numpy() >= prefill_replicas).astype(np.int8),
+                                                  categories=list(POOLS))
     return frame
+
+
+POOLS = ("prefill", "decode")
 
 
 def itl_sample(iterations: pd.DataFrame, stall_gaps_s) -> tuple[np.ndarray, np.ndarray]:
@@ -216,24 +243,53 @@ def summarize(scenario: Scenario, requests: pd.DataFrame, iterations: pd.DataFra
         "arrival_rate": lam,
         "littles_law_rel_error": abs(L - lam * W) / L if L > 0 else 0.0,
     }
-    steps = iterations["num_steps"].to_numpy()
-    busy = busy_s(iterations, end_s)
     replicas = scenario.cluster.replicas
-    out["busy_fraction"] = float(busy.sum() / (duration * replicas)) if duration > 0 else math.nan
-    out["num_steps"] = int(steps.sum())
-    out["mean_batch_size"] = float((iterations["batch_size"] * steps).sum() / steps.sum()) if steps.sum() else 0.0
-    kv_total = np.array([s.kv_cache.num_blocks for s in replica_scenarios(scenario)])[iterations["replica"]]
-    out["mean_kv_usage"] = float((iterations["kv_blocks_used"] / kv_total * busy).sum() / busy.sum()) \
-        if busy.sum() else 0.0
+    out |= engine_stats(scenario, iterations, end_s, range(replicas))
     out["num_preemptions"] = int(requests["num_preemptions"].sum())
+    if scenario.cluster.disaggregated is not None:
+        out |= pool_summary(scenario, done, iterations, end_s)
     if any(s.kv_cache.enable_prefix_caching for s in replica_scenarios(scenario)):
         admitted = requests["first_scheduled_s"].notna().to_numpy()
         out["prefix_cache_queries"] = int(requests["prompt_tokens"].to_numpy()[admitted].sum())
         out["prefix_cache_hits"] = int(requests["num_cached_tokens"].to_numpy()[admitted].sum())
         queries = out["prefix_cache_queries"]
         out["prefix_cache_hit_rate"] = out["prefix_cache_hits"] / queries if queries else math.nan
-    out |= cluster_summary(requests, iterations, duration, replicas)
+    pools = scenario.cluster.disaggregated
+    out |= cluster_summary(requests, iterations, duration, replicas, None if pools is None else pools.prefill.count)
     out |= tenant_summary(requests, duration)
+    return out
+
+
+def engine_stats(scenario: Scenario, iterations: pd.DataFrame, end_s: float, replicas: range) -> dict[str, float]:
+    """``busy_fraction``, ``num_steps``, ``mean_batch_size`` and ``mean_kv_usage`` over ``replicas``."""
+    duration = end_s
+    rows = iterations[iterations["replica"].isin(replicas)] if len(replicas) < scenario.cluster.replicas else iterations
+    steps = rows["num_steps"].to_numpy()
+    busy = busy_s(rows, end_s)
+    kv_total = np.array([s.kv_cache.num_blocks for s in replica_scenarios(scenario)])[rows["replica"]]
+    return {
+        "busy_fraction": float(busy.sum() / (duration * len(replicas))) if duration > 0 else math.nan,
+        "num_steps": int(steps.sum()),
+        "mean_batch_size": float((rows["batch_size"] * steps).sum() / steps.sum()) if steps.sum() else 0.0,
+        "mean_kv_usage": float((rows["kv_blocks_used"] / kv_total * busy).sum() / busy.sum()) if busy.sum() else 0.0,
+    }
+
+
+def pool_summary(scenario: Scenario, done: pd.DataFrame, iterations: pd.DataFrame, end_s: float) -> dict[str, float]:
+    """Disaggregated prefill and decode: each pool's engine keys, prefixed ``prefill_`` / ``decode_``,
+    what each pool computes per second (``prefill_token_throughput``: prompt tokens prefilled,
+    recomputes included; ``decode_token_throughput``: decode tokens), and the hand-over's two waits
+    over completed requests (``{mean,median,std,p90,p99}_decode_queue_ms``, ``..._kv_transfer_ms``)."""
+    n_prefill = scenario.cluster.disaggregated.prefill.count
+    out: dict[str, float] = {}
+    for pool, ids, column in (("prefill", range(n_prefill), "prefill_tokens"),
+                              ("decode", range(n_prefill, scenario.cluster.replicas), "decode_tokens")):
+        out |= {f"{pool}_{key}": value for key, value in engine_stats(scenario, iterations, end_s, ids).items()}
+        rows = iterations[iterations["replica"].isin(ids)]
+        tokens = float((rows[column] * rows["num_steps"]).sum())
+        out[f"{pool}_token_throughput"] = tokens / end_s if end_s > 0 else math.nan
+    out |= describe_ms("decode_queue", done["decode_queue_s"].to_numpy())
+    out |= describe_ms("kv_transfer", done["kv_transfer_s"].to_numpy())
     return out
 
 

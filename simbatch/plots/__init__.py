@@ -13,6 +13,7 @@ from pathlib import Path
 
 from simbatch.config import Scenario, replica_scenarios
 from simbatch.plots.cluster import load_imbalance, replica_load
+from simbatch.plots.disaggregated import handover
 from simbatch.plots.figure import Frames, Run, save_figure
 from simbatch.plots.latency import e2e_histogram, latency_by_request, ttft_cdf
 from simbatch.plots.prefix import prefix_cache
@@ -25,7 +26,7 @@ from simbatch.plots.timeseries import (
 )
 from simbatch.simulation import Result
 
-__all__ = ["Frames", "Run", "batch_size", "load_imbalance", "replica_load", "cumulative_output_tokens", "e2e_histogram", "kv_usage",
+__all__ = ["Frames", "Run", "batch_size", "load_imbalance", "replica_load", "cumulative_output_tokens", "e2e_histogram", "handover", "kv_usage",
            "latency_by_request", "output_throughput", "prefix_cache", "running_waiting", "save_compare_plots", "save_figure",
            "save_run_plots", "ttft_cdf"]
 
@@ -52,9 +53,11 @@ def save_run_plots(folder: Path, result: Result) -> list[Path]:
     }
     if "prefix_cache_hit_rate" in result.summary:
         figures["prefix_cache"] = prefix_cache(runs)
+    if sc.cluster.disaggregated is not None:
+        figures["handover"] = handover(result.requests, result.iterations)
     n = sc.cluster.replicas
     if n > 1:
-        figures["replica_load"] = replica_load(result, n, slots=slots // n if not sc.cluster.replica_specs else None)
+        figures["replica_load"] = replica_load(result, n, slots=slots // n if not sc.cluster.groups() else None)
         figures["load_imbalance"] = load_imbalance(result, n)
     return [save_figure(fig, folder / f"{name}.png") for name, fig in figures.items()]
 

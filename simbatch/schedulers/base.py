@@ -134,6 +134,10 @@ class BaseScheduler(ABC):
     def kv_blocks_used(self) -> int:
         return self.kv.device.num_used
 
+    def in_system(self) -> list[Request]:
+        """Every request this engine still owes tokens (for the clock stop's ``unfinished`` rows)."""
+        return [*self.running, *self.waiting]
+
     # ---------------------------------------------------------------- shared mechanics
     def _admit(self, req: Request, now: float) -> None:
         """WAITING -> RUNNING."""

@@ -21,6 +21,13 @@ Every step the running set is chosen afresh (Orca), and each request gets a slic
 Finished requests retire at the end of the step, releasing their blocks in running (admission)
 order; the blocks are free for the very next step.
 
+Disaggregated pools (:mod:`simbatch.engine.disaggregated`). On a prefill replica a request leaves the
+running set when it samples its first token, its blocks held until its KV has been sent. On a
+decode replica a waiting request whose KV is still remote is admitted in rule 3's order when a slot
+and the blocks of its prompt are free, with no budget (it computes nothing yet): the blocks are
+reserved and its transfer starts; when the transfer is done it joins the running set at the next
+plan, as a decode. Its slot counts from the reservation on.
+
 Chunking: with ``enable_chunked_prefill`` a prompt is split into slices of at most the remaining
 budget (and ``long_prefill_token_threshold``). Without it a prompt must fit whole into what is left
 of the budget (prompts larger than the budget are rejected at arrival); a recompute after preemption,
@@ -36,12 +43,16 @@ from __future__ import annotations
 from simbatch.config import Scenario
 from simbatch.kv import KVCacheManager, blocks_for
 from simbatch.policies import WaitingQueue, victim_key, waiting_key
-from simbatch.request import RUNNING, WAITING, Request
+from simbatch.request import FINISHED, RUNNING, WAITING, Request
 from simbatch.schedulers.base import IDLE, BaseScheduler, Idle, StepOutcome, StepPlan
 
 
 def _admission_order(req: Request) -> int:
     return req.admitted_seq
+
+
+def _arrival_order(req: Request) -> int:
+    return req.request_id
 
 
 class ContinuousScheduler(BaseScheduler):
@@ -64,10 +75,22 @@ class ContinuousScheduler(BaseScheduler):
         self._budget = 0
         # Running requests with a prefill pending, in running (admission) order.
         self._prefilling: dict[Request, None] = {}
+        # Disaggregated pools (simbatch.engine.disaggregated). A prefill replica ``hands_off`` each
+        # request at its first token and holds its blocks (``_sending``) until its KV has left; a
+        # decode replica admits requests whose KV is still remote by reserving their blocks, which
+        # starts the transfer (``transfers_started``, for the engine to time), holds them while it
+        # runs (``_incoming``), and lets them join the running set once it is done (``_delivered``).
+        self.hands_off = False
+        self._sending: dict[Request, None] = {}
+        self._incoming: dict[Request, None] = {}
+        self._delivered: list[Request] = []
+        self.transfers_started: list[Request] = []
 
     # ---------------------------------------------------------------- planning
     def schedule(self, now: float, admit: bool = True) -> StepPlan | Idle:
         """Plan the next step; ``admit=False`` plans it without admissions (see ``_replan``)."""
+        if self._delivered:
+            self._join_delivered()
         running, prefilling = self.running, self._prefilling
         if not running and not len(self.waiting):
             return IDLE
@@ -205,11 +228,19 @@ class ContinuousScheduler(BaseScheduler):
             req = waiting.peek()
             if req is None:
                 break
+            if req.remote_kv:
+                # Its KV comes whole from a prefill replica: it needs the blocks and a slot, no budget.
+                # First come, first served: the head waits for room, and nobody overtakes it.
+                if self._seats_taken() >= self.max_num_seqs or \
+                        blocks_for(req.num_computed_tokens, kv.block_size) > kv.device.num_free:
+                    break
+                self._start_transfer(waiting.pop(), now)
+                continue
             # Prefix caching: a request with nothing computed starts from the cached blocks of its prefix.
             hits = kv.cached_prefix(req) if kv.caching and not req.num_computed_tokens and \
                 not req.swapped_blocks else ()
             n = self._chunk(req, len(hits) * kv.block_size)
-            if n == 0 or len(running) >= self.max_num_seqs or not (
+            if n == 0 or self._seats_taken() >= self.max_num_seqs or not (
                     kv.fits(req, hits, n) if hits else
                     blocks_for(req.num_computed_tokens + n, kv.block_size) <= kv.device.num_free):
                 if n and self.evicts_for_priority and self._evict_for(req, now, plan):
@@ -239,6 +270,56 @@ class ContinuousScheduler(BaseScheduler):
         if passed_over:
             for req in passed_over:  # back in their places: their keys are unchanged
                 waiting.push(req)
+
+    # ---------------------------------------------------------------- disaggregated pools
+    def _seats_taken(self) -> int:
+        """Running requests, and those whose KV is on its way here (each has its slot reserved)."""
+        return len(self.running) + len(self._incoming) + len(self._delivered)
+
+    @property
+    def num_running(self) -> int:
+        return self._seats_taken()
+
+    def in_system(self) -> list[Request]:
+        return [*self.running, *self.waiting, *self._incoming, *self._delivered]
+
+    def _start_transfer(self, req: Request, now: float) -> None:
+        """Reserve the blocks of ``req``'s remote KV: the transfer starts now (the engine times it)."""
+        self.kv.allocate_slots(req, 0)
+        req.status = RUNNING  # it holds device blocks, though it computes nothing until delivered
+        req.waiting_s += now - req.waiting_since_s
+        self.waiting.on_admit(req)
+        self._incoming[req] = None
+        self.transfers_started.append(req)
+
+    def deliver(self, req: Request) -> None:
+        """``req``'s KV has arrived: it decodes from the next step on."""
+        del self._incoming[req]
+        req.remote_kv = False
+        self._delivered.append(req)
+
+    def _join_delivered(self) -> None:
+        """The requests delivered since the last plan join the running set, by arrival order."""
+        for req in sorted(self._delivered, key=_arrival_order):
+            req.admitted_seq = self._admissions
+            self._admissions += 1
+            self.running.append(req)
+        self._delivered = []
+
+    def _send(self, req: Request) -> None:
+        """``req`` sampled its first token on this prefill replica: it leaves, its blocks held for the transfer."""
+        req.status = FINISHED
+        self.waiting.on_release(req)
+        self.running.remove(req)
+        self._sending[req] = None
+
+    def release_sent(self, req: Request) -> None:
+        """``req``'s KV has reached its decode replica: free its blocks here."""
+        del self._sending[req]
+        self.kv.release(req)
+
+    def _block_holders(self) -> list[Request]:
+        return [*self.running, *self._sending, *self._incoming, *self._delivered]
 
     def _evict_for(self, req: Request, now: float, plan: StepPlan) -> bool:
         """Priority's teeth: preempt the worst running request if its priority is strictly worse.
@@ -273,7 +354,9 @@ class ContinuousScheduler(BaseScheduler):
                 req.prefill_pending = False
                 del self._prefilling[req]
             self._emit_token(req, end_s, step, outcome)
-            if req.num_generated >= req.output_tokens:
+            if self.hands_off and req.num_generated < req.output_tokens:
+                self._send(req)  # decoded elsewhere; a one-token output finishes here
+            elif req.num_generated >= req.output_tokens:
                 self._retire(req, end_s)
                 outcome.finished.append(req)
             else:

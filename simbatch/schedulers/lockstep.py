@@ -263,8 +263,9 @@ class LockstepScheduler(ContinuousScheduler):
         """New arrivals cannot be admitted mid-run when every slot is taken, or, under FCFS with
         head-of-line blocking, when an older request already waits at the head (it could not be
         admitted and, with blocks only shrinking, still cannot; a newcomer may not overtake it).
-        Priority may evict for a newcomer, so it always replans."""
-        if self.evicts_for_priority:
+        Priority may evict for a newcomer, so it always replans, as does a decode replica that a
+        transfer has just delivered to (the newcomer decodes from the next step)."""
+        if self.evicts_for_priority or self._delivered:
             return False
         return len(self.running) >= self.max_num_seqs or \
             (self._fifo and self.head_of_line_blocking and self._waiting_at_plan > 0)
