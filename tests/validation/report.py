@@ -130,9 +130,15 @@ def row_line(r: Row) -> str:
             f"{_fmt(r.mean)} +- {r.half_width:.3g} (rel. error {r.rel_error:.2e}, {r.kind}, R={r.replications or '-'})")
 
 
+def _order(title: str) -> tuple[int, str]:
+    """Sections by their number ("9: ..." before "10: ..."), unnumbered ones last, by title."""
+    number = title.split(":", 1)[0]
+    return (int(number), title) if number.isdigit() else (1 << 30, title)
+
+
 def render(ledger: Ledger) -> str:
-    modules = sorted(ledger.modules.values(), key=_title)
-    titles = {m.__name__: _title(m) for m in modules}
+    modules = sorted(ledger.modules.values(), key=lambda m: _order(_title(m)))
+    titles = {m.__name__: _order(_title(m)) for m in modules}
     rows = sorted(ledger.rows, key=lambda r: titles[r.module])
     failed = sum(not r.passed for r in rows)
     lines = [
