@@ -27,9 +27,9 @@ def test_the_library_is_complete():
             "priority_tiers", "bursty", "trace_replay"} <= set(NAMES)
 
 
-# Scenarios whose folders draw figures the others do not (a fleet's, the prefix cache's, an SLO line):
-# their runs draw the plots; the rest skip them, which every other run here would draw alike.
-PLOTTED = {"oversubscribed", "oversubscribed_fleet", "prefix_caching", "stable"}
+# Scenarios whose folders draw figures the others do not (a fleet's, the prefix cache's, the hand-over's,
+# an SLO line): their runs draw the plots; the rest skip them, which every other run here would draw alike.
+PLOTTED = {"oversubscribed", "oversubscribed_fleet", "prefix_caching", "disaggregated", "stable"}
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=NAMES)
