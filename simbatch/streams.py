@@ -17,6 +17,7 @@ OUTPUT_TOKENS = 3
 ROUTING = 4
 SESSIONS = 5
 SHARED_PREFIX = 6
+SPECULATIVE = 7
 
 
 def rng(seed: int, stream: int, *sub: int) -> np.random.Generator:

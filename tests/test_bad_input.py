@@ -44,6 +44,9 @@ workload:
     path: trace.csv
 """
 
+SPECULATIVE = "  beta_ms: 0.2\n  speculative:\n    num_speculative_tokens: 2\n    acceptance_rate: 0.5\n"
+WITH_DRAFTS = SPECULATIVE + "    draft_cost_ms: 1\n"
+
 # (id, scenario text, extra CLI args, expected "file:line:col: path: ..." prefix, words the line must contain)
 CASES = [
     ("unknown_key", edited("  num_requests: 10\n", "  num_requests: 10\n  colour: red\n"), (),
@@ -76,6 +79,14 @@ CASES = [
     ("bad_mode", GOOD, ("--mode", "eager"), "--set: batching.mode:", ["'static', 'dynamic' or 'continuous'",
                                                                        "'eager'"]),
     ("bad_seed", GOOD, ("--seed", "-1"), "--set: seed:", ["greater than or equal to 0", "-1"]),
+    ("speculative_without_draft_cost", edited("  beta_ms: 0.2\n", SPECULATIVE), (),
+     "s.yaml:10:5: device.speculative:", ["draft_cost_ms and draft_cost_fraction", "neither", "set exactly one"]),
+    ("speculative_with_both_draft_costs", edited("  beta_ms: 0.2\n", WITH_DRAFTS + "    draft_cost_fraction: 0.1\n"),
+     (), "s.yaml:10:5: device.speculative:", ["both given", "set exactly one"]),
+    ("speculative_certain_acceptance", edited("  beta_ms: 0.2\n", WITH_DRAFTS.replace("0.5", "1")), (),
+     "s.yaml:11:22: device.speculative.acceptance_rate:", ["less than 1", "got 1"]),
+    ("speculative_static", edited("  beta_ms: 0.2\n", WITH_DRAFTS), ("--set", "batching.mode=static"),
+     "s.yaml:1:1: device.speculative with a request-level batching mode", ["use batching.mode: continuous"]),
 ]
 
 

@@ -116,6 +116,12 @@ def _title(module: ModuleType) -> str:
     return (inspect.getdoc(module) or module.__name__).splitlines()[0]
 
 
+def _order(title: str) -> tuple:
+    """Numbered sections by number (10 after 9), then the others by title."""
+    number = title.split(":", 1)[0]
+    return (0, int(number), title) if number.isdigit() else (1, 0, title)
+
+
 def _body(doc: str) -> str:
     return "\n".join(doc.splitlines()[1:]).strip()
 
@@ -131,9 +137,9 @@ def row_line(r: Row) -> str:
 
 
 def render(ledger: Ledger) -> str:
-    modules = sorted(ledger.modules.values(), key=_title)
+    modules = sorted(ledger.modules.values(), key=lambda m: _order(_title(m)))
     titles = {m.__name__: _title(m) for m in modules}
-    rows = sorted(ledger.rows, key=lambda r: titles[r.module])
+    rows = sorted(ledger.rows, key=lambda r: _order(titles[r.module]))
     failed = sum(not r.passed for r in rows)
     lines = [
         "# Validation: simbatch against queueing theory",
