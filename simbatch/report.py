@@ -93,6 +93,10 @@ def result_table(summary: Mapping, percentile_metrics: Sequence[str] = LATENCY_M
               _row("Mean queue time Wq (s):", summary["Wq_s"])]
     if "prefix_cache_hit_rate" in summary:
         lines.insert(len(lines) - 2, _row("Prefix cache hit rate (%):", 100 * summary["prefix_cache_hit_rate"], 1))
+    if "spec_decode_mean_acceptance_length" in summary:
+        lines.insert(len(lines) - 2, _row("Mean acceptance length (tok/step):",
+                                          summary["spec_decode_mean_acceptance_length"], 2))
+        lines.insert(len(lines) - 2, _row("Draft acceptance rate (%):", 100 * summary["spec_decode_acceptance_rate"], 1))
     replicas = sorted(int(k.split("_")[1]) for k in summary if k.startswith("replica_") and k.endswith("_L"))
     if replicas:
         lines += [_title("Replicas"),
@@ -222,6 +226,7 @@ _COMPARE_ROWS = (
     ("Mean queue time Wq (s)", "Wq_s", 2),
     ("Preemptions", "num_preemptions", 0),
     ("Prefix cache hit rate", "prefix_cache_hit_rate", 3),
+    ("Mean acceptance length (tok/step)", "spec_decode_mean_acceptance_length", 2),
 )
 
 

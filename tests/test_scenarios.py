@@ -202,3 +202,26 @@ def test_llama3_8b_h100_figures():
     for rate, load in ((36, 0.97), (38, 1.02)):
         scenario = load_scenario(SCENARIOS / "llama3_8b_h100.yaml", [f"workload.arrival.rate={rate}"])
         assert round(expected_stability(scenario, generate(scenario)).offered_load, 2) == load
+
+
+def test_speculative_figures():
+    """The figures speculative.yaml quotes."""
+    from simbatch.cost import LinearCost
+    from simbatch.speculative import speedup
+
+    spec, plain = run("speculative"), run("speculative", "device.speculative=null")
+    s = spec.summary
+    assert (round(s["mean_tpot_ms"], 2), round(plain.summary["mean_tpot_ms"], 2)) == (4.10, 7.90)
+    assert (round(s["mean_itl_ms"], 1), round(plain.summary["mean_itl_ms"], 1)) == (11.3, 7.9)
+    assert round(s["spec_decode_mean_acceptance_length"], 2) == 2.76 and round(s["spec_decode_acceptance_rate"], 2) == 0.44
+    busy = run("speculative", "workload.arrival.rate=20")
+    assert round(busy.summary["mean_tpot_ms"], 2) == 7.31
+    assert round(run("speculative", "workload.arrival.rate=20", "device.speculative=null").summary["mean_tpot_ms"], 2) == 11.77
+    loads = [expected_stability(sc, generate(sc)).offered_load for sc in
+             (load_scenario(SCENARIOS / "speculative.yaml", ["workload.arrival.rate=35", *extra])
+              for extra in ([], ["device.speculative=null"]))]
+    assert [round(x, 2) for x in loads] == [0.99, 0.94]
+    sc = spec.scenario
+    cost, context = LinearCost.of(sc.device), spec.stability.mean_context_tokens
+    assert [round(speedup(cost, sc.device.speculative, b, context), 2) for b in (1, 64)] == [1.96, 1.32]
+    assert speedup(cost, sc.device.speculative, 197, context) >= 1 > speedup(cost, sc.device.speculative, 198, context)

@@ -213,3 +213,30 @@ def test_speculative_settings_map_one_to_one():
     s = Speculative(num_speculative_tokens=3, acceptance_rate=0.25, draft_cost_fraction=0.1)
     assert s.model_dump() == {"num_speculative_tokens": 3, "acceptance_rate": 0.25, "draft_cost_ms": None,
                               "draft_cost_fraction": 0.1}
+
+
+def test_the_stability_check_charges_a_token_the_speculating_step_over_e():
+    """Capacity with speculation: B E / tau_spec(B) tokens/s; a saturated run delivers it."""
+    from simbatch.capacity import stability
+
+    sc = at_once(24, 16, 4000, device__beta_ms=0.1, device__speculative=spec(k=4, alpha=0.8),
+                 batching__max_num_seqs=8, batching__max_num_batched_tokens=512, kv_cache__num_blocks=10_000)
+    cost, e = LinearCost.of(sc.device), expected_tokens_per_step(4, 0.8)
+    check = stability(sc.device, 8, 1.0, 4000)
+    assert check.capacity_tokens_per_s == pytest.approx(8 * e / step_ms(cost, 8, 4) * 1e3)
+    run = simulate(sc)
+    it = run.iterations
+    full = it[(it["prefill_tokens"] == 0) & (it["batch_size"] == 8)]
+    assert full["num_steps"].sum() > 0.9 * run.summary["num_steps"]
+    # Nearly every step a full batch of speculating decodes: 8 E tokens per tau_spec(8), less the
+    # prefills and the drain.
+    assert run.summary["output_throughput"] == pytest.approx(check.capacity_tokens_per_s, rel=0.02)
+
+
+def test_a_speculative_run_plots_its_speedup(tmp_path):
+    from simbatch.plots import save_run_plots
+
+    sc = at_once(16, 16, 120, device__speculative=spec(k=3, alpha=0.7), batching__max_num_batched_tokens=256)
+    written = {p.name for p in save_run_plots(tmp_path, simulate(sc))}
+    assert "speculative_decoding.png" in written
+    assert "speculative_decoding.png" not in {p.name for p in save_run_plots(tmp_path, simulate(at_once(4, 8, 8)))}
