@@ -145,14 +145,13 @@ class Stability:
 
 def token_step_s(device: Device, batch_size: float, context_tokens: float = 0.0) -> float:
     """A decode step of ``batch_size`` sequences reading ``context_tokens`` each, per token each emits, s:
-    tau(B), or with speculative decoding tau_spec(B) / E, E the expected tokens per step
-    (:mod:`simbatch.speculative`)."""
+    tau(B), or with speculative decoding tau_spec(B) / E, E the tokens per step
+    (:func:`simbatch.speculative.tokens_per_step`)."""
     spec = device.speculative
     if spec is None:
         return step_time_s(device, batch_size, 0, batch_size * context_tokens)
-    k = spec.num_speculative_tokens
-    return speculative.step_ms(LinearCost.of(device), batch_size, k, context_tokens) / 1e3 / \
-        speculative.expected_tokens_per_step(k, spec.acceptance_rate)
+    return speculative.step_ms(LinearCost.of(device), batch_size, spec.num_speculative_tokens, context_tokens) / \
+        1e3 / speculative.tokens_per_step(spec)
 
 
 def stability(device: Device, batch_size: int, arrival_rate: float, mean_output_tokens: float,

@@ -327,7 +327,8 @@ class Speculative(_Model):
     """Speculative decoding (simbatch/speculative.py): a draft model proposes tokens, the target verifies them.
 
     Each decode step a decoding request verifies up to ``num_speculative_tokens`` drafted tokens; each
-    draft is accepted with probability ``acceptance_rate``, independently, until the first rejection.
+    draft is accepted with probability ``acceptance_rate``, independently, until the first rejection
+    (or with a rate of the request's own, drawn once, with ``acceptance_rate_concentration``).
     The drafter's cost is ``draft_cost_ms`` per draft step, or ``draft_cost_fraction`` of the target's
     step time over the same sequences: exactly one of the two.
     """
@@ -335,6 +336,10 @@ class Speculative(_Model):
     num_speculative_tokens: PosInt = Field(description="k: draft tokens proposed per request per step.")
     acceptance_rate: float = Field(
         ge=0, lt=1, description="alpha: probability that a draft token is accepted, given the ones before it were.")
+    acceptance_rate_concentration: PosFloat | None = Field(
+        default=None, description="Each request its own acceptance rate, drawn from a Beta distribution of mean "
+        "acceptance_rate and this concentration (variance alpha (1 - alpha) / (1 + concentration)); null: "
+        "every request has acceptance_rate.")
     draft_cost_ms: NonNegFloat | None = Field(default=None, description="The drafter's time per draft step, ms.")
     draft_cost_fraction: NonNegFloat | None = Field(
         default=None, description="The drafter's time per draft step as a fraction of the target's step time "
@@ -346,6 +351,9 @@ class Speculative(_Model):
             given = "both" if self.draft_cost_ms is not None else "neither"
             raise ValueError(f"draft_cost_ms and draft_cost_fraction: {given} given; set exactly one (ms per "
                              "draft step, or a fraction of the target's step time)")
+        if self.acceptance_rate_concentration is not None and self.acceptance_rate == 0:
+            raise ValueError("acceptance_rate_concentration with acceptance_rate 0: a Beta distribution of mean 0 "
+                             "has no spread; remove acceptance_rate_concentration or raise acceptance_rate")
         return self
 
 

@@ -18,7 +18,9 @@ the others, so ``P(A >= j) = alpha^j`` for ``j <= d``: A is a geometric count tr
 with ``d = k`` the expected tokens per step is ``(1 - alpha^(k+1)) / (1 - alpha)`` (Leviathan et al.,
 2023). The counts come from a stream of the request's own (:class:`AcceptanceStream`, seeded by the
 scenario's seed and the request's id), so they do not depend on which engine runs it, on the order
-in which requests are stepped, or on the other requests.
+in which requests are stepped, or on the other requests. With ``acceptance_rate_concentration`` each
+request first draws its own alpha from a Beta distribution of mean ``acceptance_rate`` (easy and hard
+prompts), and a run then averages fewer tokens per step than E(alpha) (:func:`tokens_per_step`).
 
 Cost (:meth:`simbatch.cost.LinearCost.plan_ns`). The target verifies a request's ``1 + d`` tokens as
 one decode sequence (``beta``, reading its context once: ``delta K``) plus ``d`` drafts costed at
@@ -40,19 +42,42 @@ _BATCH = 64  # draws fetched from a request's generator at a time
 
 
 def expected_tokens_per_step(k: int, alpha: float) -> float:
-    """E[A + 1] for k drafts, each accepted with probability alpha: (1 - alpha^(k+1)) / (1 - alpha)."""
-    return (1 - alpha ** (k + 1)) / (1 - alpha)
+    """E[A + 1] for k drafts, each accepted with probability alpha: 1 + alpha + ... + alpha^k, which
+    is (1 - alpha^(k+1)) / (1 - alpha)."""
+    return sum(alpha ** j for j in range(k + 1))
+
+
+def tokens_per_step(spec: Speculative) -> float:
+    """The tokens per speculating step a long run of equal-length requests averages (total tokens over
+    total steps): E(alpha) above with one acceptance rate. With a rate of each request's own, drawn
+    from Beta(c alpha, c (1 - alpha)), a request emits its tokens in 1 / E(alpha_i) steps each, so the
+    run averages the harmonic mean 1 / E[1 / E(alpha_i)], below E(alpha) (the requests that accept
+    little take more of the steps). The same figure turns a step's cost into a token's."""
+    k, alpha, c = spec.num_speculative_tokens, spec.acceptance_rate, spec.acceptance_rate_concentration
+    if c is None:
+        return expected_tokens_per_step(k, alpha)
+    from scipy.special import roots_jacobi  # only a spread needs it
+
+    # E[1 / E(alpha_i)] by Gauss-Jacobi quadrature, whose weight on [-1, 1] is the Beta density's with
+    # alpha = (1 + x) / 2: exact for polynomials of degree < 128, and 1 / E is smooth and bounded.
+    x, w = roots_jacobi(64, c * (1 - alpha) - 1, c * alpha - 1)
+    return float(w.sum() / (w / expected_tokens_per_step(k, (1 + x) / 2)).sum())
 
 
 class AcceptanceStream:
     """One request's accepted-draft counts, step after step: G with P(G >= j) = alpha^j, untruncated
     (the scheduler caps each by the drafts it proposed). Drawn from the request's own generator,
-    ``streams.rng(seed, SPECULATIVE, request_id)``, a batch at a time."""
+    ``streams.rng(seed, SPECULATIVE, request_id)``, a batch at a time; with a ``concentration``, its
+    first draw is the request's own alpha, from Beta(c alpha, c (1 - alpha))."""
 
-    __slots__ = ("_rng", "_p", "_draws", "_at")
+    __slots__ = ("_rng", "_p", "_draws", "_at", "alpha")
 
-    def __init__(self, seed: int, request_id: int, alpha: float):
+    def __init__(self, seed: int, request_id: int, alpha: float, concentration: float | None = None):
         self._rng = streams.rng(seed, streams.SPECULATIVE, request_id)
+        if concentration is not None:
+            # Below 1 however close a draw comes: numpy's geometric needs a rejection probability > 0.
+            alpha = min(float(self._rng.beta(concentration * alpha, concentration * (1 - alpha))), 1 - 1e-12)
+        self.alpha = alpha
         self._p = 1.0 - alpha  # numpy's geometric counts trials up to the first rejection, from 1
         self._draws: list[int] = []
         self._at = 0
@@ -74,7 +99,6 @@ def step_ms(cost: LinearCost, batch_size: float, k: int, context_tokens: float =
 
 def speedup(cost: LinearCost, spec: Speculative, batch_size: float, context_tokens: float = 0.0) -> float:
     """Decode throughput with speculation over without, at ``batch_size`` saturated decodes:
-    E tau(B) / tau_spec(B)."""
-    k = spec.num_speculative_tokens
-    return expected_tokens_per_step(k, spec.acceptance_rate) * step_ms(cost, batch_size, 0, context_tokens) / \
-        step_ms(cost, batch_size, k, context_tokens)
+    E tau(B) / tau_spec(B), E the run's tokens per step (:func:`tokens_per_step`)."""
+    return tokens_per_step(spec) * step_ms(cost, batch_size, 0, context_tokens) / \
+        step_ms(cost, batch_size, spec.num_speculative_tokens, context_tokens)

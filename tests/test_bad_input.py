@@ -85,6 +85,9 @@ CASES = [
      (), "s.yaml:10:5: device.speculative:", ["both given", "set exactly one"]),
     ("speculative_certain_acceptance", edited("  beta_ms: 0.2\n", WITH_DRAFTS.replace("0.5", "1")), (),
      "s.yaml:11:22: device.speculative.acceptance_rate:", ["less than 1", "got 1"]),
+    ("speculative_spread_of_nothing", edited("  beta_ms: 0.2\n", WITH_DRAFTS.replace("0.5", "0") +
+                                             "    acceptance_rate_concentration: 4\n"), (),
+     "s.yaml:10:5: device.speculative:", ["acceptance_rate_concentration with acceptance_rate 0", "remove"]),
     ("speculative_static", edited("  beta_ms: 0.2\n", WITH_DRAFTS), ("--set", "batching.mode=static"),
      "s.yaml:1:1: device.speculative with a request-level batching mode", ["use batching.mode: continuous"]),
 ]

@@ -70,6 +70,8 @@ def scenarios(draw) -> dict:
     speculative = draw(st.fixed_dictionaries({
         "num_speculative_tokens": st.integers(1, 6), "acceptance_rate": st.floats(0, 0.95),
         "draft_cost_ms": st.floats(0, 3)})) if mode == "continuous" and draw(st.booleans()) else None
+    if speculative and speculative["acceptance_rate"] > 0 and draw(st.booleans()):  # a rate per request
+        speculative["acceptance_rate_concentration"] = draw(st.floats(0.5, 20))
     prefix = draw(st.one_of(st.none(), st.fixed_dictionaries({
         "shared_tokens": st.integers(0, 300), "share": st.sampled_from([0.0, 0.5, 1.0]),
         "multi_turn": st.booleans(), "max_context_tokens": st.integers(50, 3000)})))

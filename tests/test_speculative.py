@@ -211,8 +211,8 @@ def test_a_lone_request_streams_chunks_one_step_apart():
 # --------------------------------------------------------------------------- settings (bad input: tests/test_bad_input.py)
 def test_speculative_settings_map_one_to_one():
     s = Speculative(num_speculative_tokens=3, acceptance_rate=0.25, draft_cost_fraction=0.1)
-    assert s.model_dump() == {"num_speculative_tokens": 3, "acceptance_rate": 0.25, "draft_cost_ms": None,
-                              "draft_cost_fraction": 0.1}
+    assert s.model_dump() == {"num_speculative_tokens": 3, "acceptance_rate": 0.25, "acceptance_rate_concentration": None,
+                              "draft_cost_ms": None, "draft_cost_fraction": 0.1}
 
 
 def test_the_stability_check_charges_a_token_the_speculating_step_over_e():
@@ -240,3 +240,28 @@ def test_a_speculative_run_plots_its_speedup(tmp_path):
     written = {p.name for p in save_run_plots(tmp_path, simulate(sc))}
     assert "speculative_decoding.png" in written
     assert "speculative_decoding.png" not in {p.name for p in save_run_plots(tmp_path, simulate(at_once(4, 8, 8)))}
+
+
+def test_the_capacity_table_shows_the_speculating_step():
+    from simbatch.report import capacity_table
+
+    device = make_scenario(device__speculative=spec(k=4, alpha=0.8), device__beta_ms=0.1).device
+    row = next(line.split() for line in capacity_table(device, 8).splitlines() if line.split()[:1] == ["8"])
+    tau = step_ms(LinearCost.of(device), 8, 4)  # 10 + 0.8 + 0.1 x 32 + 4 x 2 = 22 ms
+    assert tau == pytest.approx(22.0) and row[1] == "22.00"
+    assert float(row[2].replace(",", "")) == pytest.approx(8 * expected_tokens_per_step(4, 0.8) / tau * 1e3, abs=0.01)
+
+
+def test_each_request_may_draw_its_own_acceptance_rate():
+    """With a concentration, a request's first draw is its alpha, from Beta(c alpha, c (1 - alpha))."""
+    from simbatch.speculative import tokens_per_step
+
+    alphas = np.array([AcceptanceStream(3, i, 0.6, 5.0).alpha for i in range(4000)])
+    assert abs(alphas.mean() - 0.6) < 4 * np.sqrt(0.6 * 0.4 / 6 / len(alphas))
+    assert abs(alphas.var() - 0.6 * 0.4 / 6) < 0.1 * 0.6 * 0.4 / 6
+    assert AcceptanceStream(3, 7, 0.6, 5.0).alpha == AcceptanceStream(3, 7, 0.6, 5.0).alpha != alphas[0]
+    one, spread = Speculative(**spec(k=4, alpha=0.6)), Speculative(**spec(k=4, alpha=0.6), acceptance_rate_concentration=5)
+    # The harmonic mean of E(alpha_i) over the Beta, by sampling, against the integral.
+    e_i = np.array([expected_tokens_per_step(4, a) for a in alphas])
+    assert tokens_per_step(spread) == pytest.approx(1 / (1 / e_i).mean(), rel=0.01)
+    assert tokens_per_step(spread) < tokens_per_step(one) == expected_tokens_per_step(4, 0.6)

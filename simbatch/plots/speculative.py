@@ -9,7 +9,7 @@ from simbatch.capacity import mean_context_tokens
 from simbatch.config import Scenario, replica_scenarios
 from simbatch.cost import LinearCost
 from simbatch.plots.figure import Frames, finish_axes, new_figure
-from simbatch.speculative import expected_tokens_per_step, speedup, step_ms
+from simbatch.speculative import speedup, step_ms, tokens_per_step
 
 
 def speculative_decoding(run: Frames, scenario: Scenario) -> Figure:
@@ -25,7 +25,7 @@ def speculative_decoding(run: Frames, scenario: Scenario) -> Figure:
     device = next(s.device for s in replica_scenarios(scenario) if s.device.speculative is not None)
     spec, cost = device.speculative, LinearCost.of(device)
     k, alpha = spec.num_speculative_tokens, spec.acceptance_rate
-    e = expected_tokens_per_step(k, alpha)
+    e = tokens_per_step(spec)
     rq, it = run.requests, run.iterations
     context = mean_context_tokens(rq["prompt_tokens"].to_numpy(), rq["output_tokens"].to_numpy())
     fig, (top, bottom) = new_figure(2, height_in=6.4)
@@ -33,17 +33,18 @@ def speculative_decoding(run: Frames, scenario: Scenario) -> Figure:
     largest = max(1024, 4 * scenario.batching.max_num_seqs)
     batch = np.unique(np.geomspace(1, largest, 200).round())
     top.plot(batch, [speedup(cost, spec, b, context) for b in batch], color="#1f77b4",
-             label=f"closed form: k = {k}, alpha = {alpha:g}, E = {e:.2f} tokens per step")
+             label=f"closed form: k = {k}, alpha = {alpha:g}, E = {e:.2f} tokens per step"
+             + ("" if spec.acceptance_rate_concentration is None else ", alpha per request"))
     top.axhline(1.0, color="black", linewidth=0.8)
     drafts, accepted = rq["num_drafts"].sum(), rq["num_accepted_tokens"].sum()
     full = it[(it["prefill_tokens"] == 0) & (it["decode_tokens"] == it["batch_size"] * (1 + k))]
     if drafts and not full.empty:
-        tokens_per_step = 1 + accepted / drafts
+        run_tokens_per_step = 1 + accepted / drafts
         steps = full.groupby("batch_size").apply(
             lambda g: np.average(g["duration_s"], weights=g["num_steps"]), include_groups=False)
-        points = [tokens_per_step * step_ms(cost, b, 0, context) / (1e3 * s) for b, s in steps.items()]
+        points = [run_tokens_per_step * step_ms(cost, b, 0, context) / (1e3 * s) for b, s in steps.items()]
         top.scatter(steps.index, points, color="#d62728", zorder=3, s=18,
-                    label=f"this run: {tokens_per_step:.2f} tokens per step over measured step times")
+                    label=f"this run: {run_tokens_per_step:.2f} tokens per step over measured step times")
     top.set_xscale("log")
     top.set_title("Speculative decoding: decode speed-up against batch size")
     finish_axes(top, "speed-up over plain decoding", xlabel="decoding sequences per step (B)")
@@ -52,6 +53,6 @@ def speculative_decoding(run: Frames, scenario: Scenario) -> Figure:
     if len(per_request):
         bottom.hist(per_request, bins=min(50, max(5, len(per_request) // 10)), color="#1f77b4", alpha=0.7,
                     label=f"{len(per_request):,} requests")
-    bottom.axvline(e, color="black", linestyle="--", label=f"(1 - alpha^(k+1)) / (1 - alpha) = {e:.2f}")
+    bottom.axvline(e, color="black", linestyle="--", label=f"closed form: {e:.2f} tokens per step")
     finish_axes(bottom, "requests", xlabel="tokens per speculating step (1 + accepted / steps with drafts)")
     return fig

@@ -63,6 +63,7 @@ class ContinuousScheduler(BaseScheduler):
         spec = scenario.device.speculative
         self.num_spec = spec.num_speculative_tokens if spec else 0  # k: drafts per decode (simbatch.speculative)
         self._alpha = spec.acceptance_rate if spec else 0.0
+        self._concentration = spec.acceptance_rate_concentration if spec else None
         # Planning state of the step being built.
         self._sched: dict[Request, int] = {}
         self._budget = 0
@@ -302,7 +303,7 @@ class ContinuousScheduler(BaseScheduler):
     def _accepted(self, req: Request, drafts: int) -> int:
         """Of ``drafts`` drafts verified, how many ``req`` accepts, from its own stream; counted."""
         if req.acceptance is None:
-            req.acceptance = AcceptanceStream(self.scenario.seed, req.request_id, self._alpha)
+            req.acceptance = AcceptanceStream(self.scenario.seed, req.request_id, self._alpha, self._concentration)
         accepted = min(req.acceptance.next(), drafts)
         req.num_drafts += 1
         req.num_draft_tokens += drafts

@@ -12,6 +12,10 @@ The step's cost (simbatch/cost.py): B sequences verifying k drafts each take
 tau0 + beta B + gamma k B plus k drafter passes, each ``draft_cost_ms`` or ``draft_cost_fraction``
 times tau0 + beta B: checked exactly on every step of a run where B requests speculate at once.
 
+With a rate of each request's own (alpha_i from a Beta distribution of mean alpha), a request
+spends 1 / E(alpha_i) steps per token, and the run's steps per token must match E[1 / E(alpha_i)],
+the Beta integral.
+
 At low load each request is alone on the engine, every decode step is that cost at B = 1, and a
 request emits E tokens a step, so TPOT = tau_spec(1) / E (ITL, the gap between streamed chunks,
 stays the step time); mean TPOT over the replications must match it.
@@ -21,9 +25,9 @@ from __future__ import annotations
 
 import pytest
 
-from simbatch.config import Device
+from simbatch.config import Device, Speculative
 from simbatch.cost import LinearCost
-from simbatch.speculative import expected_tokens_per_step, step_ms
+from simbatch.speculative import expected_tokens_per_step, step_ms, tokens_per_step
 
 DEVICE = {"tau0_ms": 10.0, "beta_ms": 0.1, "prefill_ms_per_token": 0.1}
 
@@ -52,6 +56,34 @@ def test_tokens_per_step(k, alpha, sim, check, mode):
     measured = sim.map(_acceptance_length, specs)
     check.ci(f"tokens per speculating step, k = {k}, alpha = {alpha}", expected_tokens_per_step(k, alpha),
              measured, seeds)
+
+
+def _steps_per_token(result) -> float:
+    return 1 / result.summary["spec_decode_mean_acceptance_length"]
+
+
+@pytest.mark.validation
+def test_per_request_acceptance_rates(sim, check, mode):
+    """Each request draws its own alpha from Beta(c alpha, c (1 - alpha)), alpha = 0.7, c = 4, k = 4;
+    16 requests of equal length per replication (64 in the full mode). A request takes 1 / E(alpha_i)
+    steps per token, so the run's steps per token, 1 / mean acceptance length, estimates
+    E[1 / E(alpha_i)] without bias (a ratio over the requests would not): against the Beta integral."""
+    k, alpha, c = 4, 0.7, 4.0
+    seeds = range(mode.pick(4, 30))
+    spec = _spec(k, alpha, draft_cost_ms=1.0, acceptance_rate_concentration=c)
+    specs = [{"seed": s,
+              "workload": {"num_requests": mode.pick(16, 64), "arrival": {"rate": float("inf")},
+                           "prompt_tokens": {"dist": "fixed", "value": 32},
+                           "output_tokens": {"dist": "fixed", "value": mode.pick(2000, 5000)}},
+              "device": {**DEVICE, "speculative": spec},
+              "batching": {"max_num_seqs": 64},
+              "kv_cache": {"num_blocks": 100_000}}
+             for s in seeds]
+    measured = sim.map(_steps_per_token, specs)
+    expected = 1 / tokens_per_step(Speculative.model_validate(spec))
+    check.ci(f"speculating steps per token, alpha_i ~ Beta({c * alpha:g}, {c * (1 - alpha):g}), k = {k}",
+             expected, measured, seeds)
+    assert expected > 1 / expected_tokens_per_step(k, alpha)  # the spread costs steps: Jensen
 
 
 def _decode_rows(result):
