@@ -18,6 +18,11 @@ Every step the running set is chosen afresh (Orca), and each request gets a slic
    once, its work discarded), unless the preemptions left nothing running. Under the ``priority``
    policy a waiting request may evict a running one of strictly worse priority.
 
+Speculative decoding (``device.speculative``, :mod:`simbatch.speculative`): in rule 1 a decoding
+request takes its token and ``d`` drafts, ``d = min(k, tokens it still needs - 1, budget left - 1
+for each decode after it)``, with blocks for all ``1 + d``; at the end of the step it accepts ``A``
+of them (from its own acceptance stream), computes ``A + 1`` tokens and emits ``A + 1``.
+
 Finished requests retire at the end of the step, releasing their blocks in running (admission)
 order; the blocks are free for the very next step.
 
