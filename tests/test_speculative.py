@@ -238,8 +238,7 @@ def test_a_speculative_run_plots_its_speedup(tmp_path):
 
     sc = at_once(16, 16, 120, device__speculative=spec(k=3, alpha=0.7), batching__max_num_batched_tokens=256)
     written = {p.name for p in save_run_plots(tmp_path, simulate(sc))}
-    assert "speculative_decoding.png" in written
-    assert "speculative_decoding.png" not in {p.name for p in save_run_plots(tmp_path, simulate(at_once(4, 8, 8)))}
+    assert "speculative_decoding.png" in written and (tmp_path / "speculative_decoding.png").stat().st_size > 0
 
 
 def test_the_capacity_table_shows_the_speculating_step():
