@@ -16,8 +16,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from simbatch import speculative
 from simbatch.config import Device, Scenario, replica_scenarios
-from simbatch.cost import decode_throughput, step_time_s, work_s
+from simbatch.cost import LinearCost, step_time_s, work_s
 from simbatch.workload import WorkloadArrays
 from simbatch.workload.prefix import expected_cached_tokens
 
@@ -148,6 +149,17 @@ class Stability:
                 f"{fix}, or make tokens cheaper, or shed load")
 
 
+def token_step_s(device: Device, batch_size: float, context_tokens: float = 0.0) -> float:
+    """A decode step of ``batch_size`` sequences reading ``context_tokens`` each, per token each emits, s:
+    tau(B), or with speculative decoding tau_spec(B) / E, E the tokens per step
+    (:func:`simbatch.speculative.tokens_per_step`)."""
+    spec = device.speculative
+    if spec is None:
+        return step_time_s(device, batch_size, 0, batch_size * context_tokens)
+    return speculative.step_ms(LinearCost.of(device), batch_size, spec.num_speculative_tokens, context_tokens) / \
+        1e3 / speculative.tokens_per_step(spec)
+
+
 def stability(device: Device, batch_size: int, arrival_rate: float, mean_output_tokens: float,
               mean_prompt_tokens: float = 0.0, replicas: int = 1, memory_batch: float = math.inf,
               admission_control: bool = False, mean_context_tokens: float = 0.0,
@@ -161,23 +173,24 @@ def stability(device: Device, batch_size: int, arrival_rate: float, mean_output_
     attention pairs however it is chunked; ``mean_prompt_sq_tokens`` defaults to E[prompt]^2). So a
     request takes E[out] (tau0/B + beta + delta c_bar) + gamma E[prompt] + epsilon E[prompt^2] / 2,
     and rho = lambda x that / replicas. With gamma = delta = epsilon = 0 and no memory limit this is
-    the chapter's token-rate inequality lambda E[out] < B / tau(B).
+    the chapter's token-rate inequality lambda E[out] < B / tau(B). With speculative decoding a step
+    emits E tokens per sequence: tau(B) becomes tau_spec(B) / E (:func:`token_step_s`).
     """
     full = min(batch_size, memory_batch)
-    tau_full = step_time_s(device, full, 0, full * mean_context_tokens)
+    tau_full = token_step_s(device, full, mean_context_tokens)
     prompt_sq = mean_prompt_tokens ** 2 if mean_prompt_sq_tokens is None else mean_prompt_sq_tokens
     prefill_s = work_s(device, prefill_tokens=mean_prompt_tokens, attention_pairs=prompt_sq / 2)
     per_request_s = (math.inf if full == 0 else mean_output_tokens * tau_full / full) + prefill_s
     rho = arrival_rate * per_request_s / replicas
     w_full = tau_full * mean_output_tokens + prefill_s
-    shared_s = math.inf if full == 0 else mean_output_tokens * device.tau0_s / full
+    shared_s = math.inf if full == 0 else mean_output_tokens * token_step_s(device, 0) / full
     return Stability(
         arrival_rate=arrival_rate,
         mean_output_tokens=mean_output_tokens,
         mean_prompt_tokens=mean_prompt_tokens,
         batch_size=full,
         offered_tokens_per_s=arrival_rate * mean_output_tokens,
-        capacity_tokens_per_s=replicas * decode_throughput(device, full, mean_context_tokens),
+        capacity_tokens_per_s=replicas * full / tau_full,
         offered_load=rho,
         capacity_requests_per_s=math.inf if per_request_s == 0 else replicas / per_request_s,
         full_batch_latency_s=w_full,

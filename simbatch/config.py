@@ -323,6 +323,40 @@ DEVICE_COSTS = ("tau0_ms", "beta_ms", "prefill_ms_per_token", "kv_read_ms_per_1k
 """The five costs of a step (tau0, beta, gamma, delta, epsilon), as the device section names them."""
 
 
+class Speculative(_Model):
+    """Speculative decoding (simbatch/speculative.py): a draft model proposes tokens, the target verifies them.
+
+    Each decode step a decoding request verifies up to ``num_speculative_tokens`` drafted tokens; each
+    draft is accepted with probability ``acceptance_rate``, independently, until the first rejection
+    (or with a rate of the request's own, drawn once, with ``acceptance_rate_concentration``).
+    The drafter's cost is ``draft_cost_ms`` per draft step, or ``draft_cost_fraction`` of the target's
+    step time over the same sequences: exactly one of the two.
+    """
+
+    num_speculative_tokens: PosInt = Field(description="k: draft tokens proposed per request per step.")
+    acceptance_rate: float = Field(
+        ge=0, lt=1, description="alpha: probability that a draft token is accepted, given the ones before it were.")
+    acceptance_rate_concentration: PosFloat | None = Field(
+        default=None, description="Each request its own acceptance rate, drawn from a Beta distribution of mean "
+        "acceptance_rate and this concentration (variance alpha (1 - alpha) / (1 + concentration)); null: "
+        "every request has acceptance_rate.")
+    draft_cost_ms: NonNegFloat | None = Field(default=None, description="The drafter's time per draft step, ms.")
+    draft_cost_fraction: NonNegFloat | None = Field(
+        default=None, description="The drafter's time per draft step as a fraction of the target's step time "
+        "over the same sequences (tau0 + beta S + delta K: a draft model this much the target's size).")
+
+    @model_validator(mode="after")
+    def _one_cost(self) -> Speculative:
+        if (self.draft_cost_ms is None) == (self.draft_cost_fraction is None):
+            given = "both" if self.draft_cost_ms is not None else "neither"
+            raise ValueError(f"draft_cost_ms and draft_cost_fraction: {given} given; set exactly one (ms per "
+                             "draft step, or a fraction of the target's step time)")
+        if self.acceptance_rate_concentration is not None and self.acceptance_rate == 0:
+            raise ValueError("acceptance_rate_concentration with acceptance_rate 0: a Beta distribution of mean 0 "
+                             "has no spread; remove acceptance_rate_concentration or raise acceptance_rate")
+        return self
+
+
 class Device(_Model):
     """The cost model (simbatch/cost.py): one engine step takes tau0 + beta*B + gamma*P + delta*K + epsilon*A.
 
@@ -348,6 +382,9 @@ class Device(_Model):
     gpu_card: GpuCard | None = Field(default=None, description="Your own GPU card, named in `preset` "
                                      "(docs/hardware.md).")
     model_card: ModelCard | None = Field(default=None, description="Your own model card, named in `preset`.")
+    speculative: Speculative | None = Field(
+        default=None, description="Speculative decoding: k drafts per decode step, each accepted with probability "
+        "alpha (continuous batching only; docs/concepts.md).")
 
     # The keys the preset set (not given in the file); set by the validator, not the YAML.
     _from_preset: tuple[str, ...] = PrivateAttr(default=())
@@ -761,7 +798,8 @@ class Scenario(_Model):
         return self
 
     @model_validator(mode="after")
-    def _prefix_caching(self) -> Scenario:
+    def _continuous_only(self) -> Scenario:
+        """Prefix caching and speculative decoding work per token: continuous batching only."""
         specs = self.cluster.groups()
         pairs = [(self.kv_cache, self.batching)] if specs is None else \
             [(s.kv_cache or self.kv_cache, s.batching or self.batching) for s in specs]
@@ -769,6 +807,12 @@ class Scenario(_Model):
             raise ValueError("kv_cache.enable_prefix_caching with a request-level batching mode: a static or "
                              "dynamic batch reserves its memory whole, for padded prompts; use batching.mode: "
                              "continuous, or set enable_prefix_caching to false")
+        devices = [(self.device, self.batching)] if specs is None else \
+            [(s.device or self.device, s.batching or self.batching) for s in specs]
+        if any(d.speculative is not None and b.mode != "continuous" for d, b in devices):
+            raise ValueError("device.speculative with a request-level batching mode: a static or dynamic batch "
+                             "emits one token per step for every slot; use batching.mode: continuous, or remove "
+                             "device.speculative")
         return self
 
     @model_validator(mode="after")

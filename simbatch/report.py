@@ -16,9 +16,10 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from simbatch.capacity import Stability
+from simbatch import speculative
+from simbatch.capacity import Stability, token_step_s
 from simbatch.config import LATENCY_METRICS, Device
-from simbatch.cost import LinearCost, batch_for_fraction, decode_throughput, roofline_tokens_per_s
+from simbatch.cost import LinearCost, batch_for_fraction, roofline_tokens_per_s
 from simbatch.metrics.stats import describe_ms, percentile_word
 from simbatch.text import printable
 
@@ -93,6 +94,10 @@ def result_table(summary: Mapping, percentile_metrics: Sequence[str] = LATENCY_M
               _row("Mean queue time Wq (s):", summary["Wq_s"])]
     if "prefix_cache_hit_rate" in summary:
         lines.insert(len(lines) - 2, _row("Prefix cache hit rate (%):", 100 * summary["prefix_cache_hit_rate"], 1))
+    if "spec_decode_mean_acceptance_length" in summary:
+        lines.insert(len(lines) - 2, _row("Mean acceptance length (tok/step):",
+                                          summary["spec_decode_mean_acceptance_length"], 2))
+        lines.insert(len(lines) - 2, _row("Draft acceptance rate (%):", 100 * summary["spec_decode_acceptance_rate"], 1))
     if "prefill_busy_fraction" in summary:
         lines += [_title("Disaggregated pools (prefill / decode)")]
         lines += [_row(f"{name}:", " / ".join(fmt(summary[f"{pool}_{key}"]) for pool in ("prefill", "decode")))
@@ -236,6 +241,7 @@ _COMPARE_ROWS = (
     ("Mean queue time Wq (s)", "Wq_s", 2),
     ("Preemptions", "num_preemptions", 0),
     ("Prefix cache hit rate", "prefix_cache_hit_rate", 3),
+    ("Mean acceptance length (tok/step)", "spec_decode_mean_acceptance_length", 2),
 )
 
 
@@ -292,14 +298,22 @@ def capacity_table(device: Device, max_num_seqs: int, replicas: int = 1, context
     lines = [_title("Capacity (analytic)", "="),
              f"{formula}{_fmt(roofline, 0)} tok/s{per}",
              f"{'B':>8}{'τ(B) (ms)':>12}{'tokens/s' + per:>{14 + len(per)}}{'% of roofline':>16}"]
+    spec = device.speculative
+    if spec is not None:
+        k, alpha = spec.num_speculative_tokens, spec.acceptance_rate
+        lines.insert(2, f"Speculative decoding, k = {k}, α = {alpha:g}: "
+                        f"{speculative.tokens_per_step(spec):.2f} tokens per step; τ(B) below is the "
+                        f"speculating step, tokens/s B·E/τ(B)")
     for b in sizes:
-        tps = decode_throughput(device, b, context_tokens)
+        tps = b / token_step_s(device, b, context_tokens)
         share = "n/a" if math.isinf(roofline) else f"{100 * tps / roofline:.1f} %"
-        lines.append(f"{b:>8}{LinearCost.of(device).step_ms(b, 0, 0, b * context_tokens):>12.2f}"
-                     f"{tps:>{14 + len(per)},.2f}{share:>16}")
+        step_ms = LinearCost.of(device).step_ms(b, 0, 0, b * context_tokens) if spec is None else \
+            speculative.step_ms(LinearCost.of(device), b, spec.num_speculative_tokens, context_tokens)
+        lines.append(f"{b:>8}{step_ms:>12.2f}{tps:>{14 + len(per)},.2f}{share:>16}")
     if replicas > 1:
         lines.append(f"With {replicas} replicas at B = {max_num_seqs}: "
-                     f"{_fmt(replicas * decode_throughput(device, max_num_seqs, context_tokens))} tok/s in all")
+                     f"{_fmt(replicas * max_num_seqs / token_step_s(device, max_num_seqs, context_tokens))} "
+                     "tok/s in all")
     half = batch_for_fraction(device, 0.5, context_tokens)
     if math.isinf(half):
         lines.append("Batch size for 50 % of the roofline: none (β = 0: throughput grows without bound)")

@@ -62,6 +62,13 @@ class Request:
     # Disaggregated decode side: its prompt's KV is still on its prefill replica (simbatch.engine.disaggregated).
     remote_kv: bool = False
     num_published_blocks: int = 0  # leading blocks offered to the prefix cache (KV manager's bookkeeping)
+    # Speculative decoding (simbatch.speculative): the source of its accepted-draft counts (made at
+    # its first speculative step), and vLLM's spec_decode counters: steps that verified drafts, drafts
+    # verified, drafts accepted.
+    acceptance: Any = None
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
     # Empty ones are the shared (): a million requests need no million empty lists.
     block_ids: Sequence[int] = ()
     host_block_ids: Sequence[int] = ()  # on the host, after a swap preemption

@@ -17,7 +17,8 @@ OUTPUT_TOKENS = 3
 ROUTING = 4
 SESSIONS = 5
 SHARED_PREFIX = 6
-DECODE_ROUTING = 7
+SPECULATIVE = 7
+DECODE_ROUTING = 8
 
 
 def rng(seed: int, stream: int, *sub: int) -> np.random.Generator:

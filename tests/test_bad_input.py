@@ -54,6 +54,9 @@ workload:
     path: trace.csv
 """
 
+SPECULATIVE = "  beta_ms: 0.2\n  speculative:\n    num_speculative_tokens: 2\n    acceptance_rate: 0.5\n"
+WITH_DRAFTS = SPECULATIVE + "    draft_cost_ms: 1\n"
+
 # (id, scenario text, extra CLI args, expected "file:line:col: path: ..." prefix, words the line must contain)
 CASES = [
     ("unknown_key", edited("  num_requests: 10\n", "  num_requests: 10\n  colour: red\n"), (),
@@ -94,6 +97,17 @@ CASES = [
      (), "s.yaml:19:50: cluster.disaggregated.kv_transfer.bandwidth_gb_s:", ["greater than 0", "got 0"]),
     ("disaggregated_max_in_flight", GOOD + DISAGGREGATED + "  max_in_flight: 10\n", (),
      "s.yaml:16:3: cluster:", ["cluster.max_in_flight (10) with cluster.disaggregated", "remove max_in_flight"]),
+    ("speculative_without_draft_cost", edited("  beta_ms: 0.2\n", SPECULATIVE), (),
+     "s.yaml:10:5: device.speculative:", ["draft_cost_ms and draft_cost_fraction", "neither", "set exactly one"]),
+    ("speculative_with_both_draft_costs", edited("  beta_ms: 0.2\n", WITH_DRAFTS + "    draft_cost_fraction: 0.1\n"),
+     (), "s.yaml:10:5: device.speculative:", ["both given", "set exactly one"]),
+    ("speculative_certain_acceptance", edited("  beta_ms: 0.2\n", WITH_DRAFTS.replace("0.5", "1")), (),
+     "s.yaml:11:22: device.speculative.acceptance_rate:", ["less than 1", "got 1"]),
+    ("speculative_spread_of_nothing", edited("  beta_ms: 0.2\n", WITH_DRAFTS.replace("0.5", "0") +
+                                             "    acceptance_rate_concentration: 4\n"), (),
+     "s.yaml:10:5: device.speculative:", ["acceptance_rate_concentration with acceptance_rate 0", "remove"]),
+    ("speculative_static", edited("  beta_ms: 0.2\n", WITH_DRAFTS), ("--set", "batching.mode=static"),
+     "s.yaml:1:1: device.speculative with a request-level batching mode", ["use batching.mode: continuous"]),
 ]
 
 

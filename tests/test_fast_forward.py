@@ -65,6 +65,13 @@ def scenarios(draw) -> dict:
     # Prefix caching (continuous only): a shared system prompt, conversations, or both, in caches
     # from cramped (evicting all the time) to ample.
     caching = mode == "continuous" and draw(st.booleans())
+    # Speculative decoding (continuous only): the acceleration declines behind its seam, and the
+    # random acceptances must come out alike whichever engine draws them.
+    speculative = draw(st.fixed_dictionaries({
+        "num_speculative_tokens": st.integers(1, 6), "acceptance_rate": st.floats(0, 0.95),
+        "draft_cost_ms": st.floats(0, 3)})) if mode == "continuous" and draw(st.booleans()) else None
+    if speculative and speculative["acceptance_rate"] > 0 and draw(st.booleans()):  # a rate per request
+        speculative["acceptance_rate_concentration"] = draw(st.floats(0.5, 20))
     prefix = draw(st.one_of(st.none(), st.fixed_dictionaries({
         "shared_tokens": st.integers(0, 300), "share": st.sampled_from([0.0, 0.5, 1.0]),
         "multi_turn": st.booleans(), "max_context_tokens": st.integers(50, 3000)})))
@@ -85,7 +92,8 @@ def scenarios(draw) -> dict:
                    "prefill_ms_per_token": draw(st.floats(0, 0.1)),
                    # Half the examples read their context: runs of decodes then grow step by step.
                    "kv_read_ms_per_1k_tokens": draw(st.one_of(st.just(0.0), st.floats(0, 2))),
-                   "prefill_attention_ms_per_1m_pairs": draw(st.one_of(st.just(0.0), st.floats(0, 20)))},
+                   "prefill_attention_ms_per_1m_pairs": draw(st.one_of(st.just(0.0), st.floats(0, 20))),
+                   "speculative": speculative},
         "kv_cache": {"block_size": draw(st.sampled_from([1, 4, 16])), "num_blocks": draw(st.integers(40, 3000)),
                      "swap_blocks": draw(st.integers(0, 400)), "swap_ms_per_block": draw(st.floats(0, 0.5)),
                      "enable_prefix_caching": caching},
@@ -170,7 +178,13 @@ def tie_scenarios(draw, trace_dir) -> dict:
         "device": {"tau0_ms": 125.0 * draw(st.integers(1, 8)), "beta_ms": draw(st.sampled_from([0.0, 15.625])),
                    "prefill_ms_per_token": draw(st.sampled_from([0.0, 0.125])),
                    "kv_read_ms_per_1k_tokens": draw(st.sampled_from([0.0, 0.0005, 15_625.0])),
-                   "prefill_attention_ms_per_1m_pairs": draw(st.sampled_from([0.0, 125_000.0]))},
+                   "prefill_attention_ms_per_1m_pairs": draw(st.sampled_from([0.0, 125_000.0])),
+                   # Drafter passes of 1/8 s, or a binary fraction of a decode step: steps still on 1/64 s.
+                   "speculative": None if scenario["device"]["speculative"] is None else {
+                       **scenario["device"]["speculative"], "draft_cost_ms": None,
+                       **draw(st.one_of(st.builds(lambda m: {"draft_cost_ms": m}, st.sampled_from([0.0, 125.0])),
+                                        st.builds(lambda f: {"draft_cost_fraction": f},
+                                                  st.sampled_from([0.25, 0.5]))))}},
         "kv_cache": {**scenario["kv_cache"], "swap_ms_per_block": draw(st.sampled_from([0.0, 0.125]))},
         "batching": {**scenario["batching"],
                      "max_wait_ms": draw(st.one_of(st.none(), st.sampled_from([125.0, 1000.0]))),
@@ -265,6 +279,22 @@ def test_fast_forward_under_memory_pressure_and_overload():
         "scheduler": {"preemption": "swap"},
         "device": {"prefill_ms_per_token": 0.01},
     })
+
+
+def test_speculative_decoding_runs_alike_stepped_or_accelerated():
+    """Speculating decodes emit a random count each step: the accelerated engine plans them one at a
+    time, with the same acceptances, through preemptions and arrivals on step boundaries."""
+    scenario = {"workload": {"num_requests": 60, "arrival": {"process": "constant", "rate": 8.0},
+                             "prompt_tokens": {"dist": "uniform", "low": 8, "high": 200},
+                             "output_tokens": {"dist": "exponential", "mean": 60, "max": 300}},
+                "device": {"tau0_ms": 125.0, "beta_ms": 15.625, "prefill_ms_per_token": 0.125,
+                           "speculative": {"num_speculative_tokens": 4, "acceptance_rate": 0.75,
+                                           "draft_cost_fraction": 0.25}},
+                "kv_cache": {"block_size": 4, "num_blocks": 300},
+                "sim": {"max_time_s": 30.0}}
+    assert_same_run(scenario)
+    result = simulate(Scenario.model_validate(scenario))
+    assert result.summary["num_preemptions"] > 0 and result.summary["spec_decode_num_accepted_tokens"] > 0
 
 
 def test_a_clock_stop_in_the_middle_of_a_run_applies_the_steps_already_done():

@@ -409,6 +409,10 @@ QUOTED = [
     ("11_from_a_model_and_a_gpu.ipynb", "τ0 comes back within 1 % and γ within 3 %; β is off by\nabout a third",
      r"tau0_ms +7\.581 +7\.544 .* -0\.4887\nbeta_ms .* 30\.3\nprefill_ms_per_token .* 2\.289"),
     ("11_from_a_model_and_a_gpu.ipynb", "0.079 ms, nearly three times the true β", r"beta_ms +0\.02869 +0\.03738 +0\.0787 "),
+    ("11_from_a_model_and_a_gpu.ipynb", "the closed form says 1.96×, the\nrun 1.95×", r"B = +1: closed form 1\.96x, simulated 1\.95x"),
+    ("11_from_a_model_and_a_gpu.ipynb", "1.38× at 64 and still 1.08× at 256",
+     r"B = +64: closed form 1\.38x.*\nB = 256: closed form 1\.08x"),
+    ("11_from_a_model_and_a_gpu.ipynb", "only at B = 529", r"speculation stops paying at B = 529"),
     ("12_build_your_own_scheduler.ipynb", "the differences are some $10^{-12}$ s",
      r"the scaffold: 400 requests; largest difference TTFT \de-1[1-4] s, E2E \de-1[1-4] s; "
      r"mean E2E 7\.720 s \(yours\) vs 7\.720 s \(simbatch\)"),

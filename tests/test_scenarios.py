@@ -230,3 +230,26 @@ def test_disaggregated_figures():
     assert round(frame["p99_ttft_ms"].iloc[0]) == 611
     assert (round(frame["p99_tpot_ms"].iloc[2], 1), round(frame["goodput"].iloc[2], 2)) == (12.5, 0.80)
     assert int(best(frame).prefill_replicas) == closed_form_best(frame) == 2
+
+
+def test_speculative_figures():
+    """The figures speculative.yaml quotes."""
+    from simbatch.cost import LinearCost
+    from simbatch.speculative import speedup
+
+    spec, plain = run("speculative"), run("speculative", "device.speculative=null")
+    s = spec.summary
+    assert (round(s["mean_tpot_ms"], 2), round(plain.summary["mean_tpot_ms"], 2)) == (4.10, 7.90)
+    assert (round(s["mean_itl_ms"], 1), round(plain.summary["mean_itl_ms"], 1)) == (11.3, 7.9)
+    assert round(s["spec_decode_mean_acceptance_length"], 2) == 2.76 and round(s["spec_decode_acceptance_rate"], 2) == 0.44
+    busy = run("speculative", "workload.arrival.rate=20")
+    assert round(busy.summary["mean_tpot_ms"], 2) == 7.31
+    assert round(run("speculative", "workload.arrival.rate=20", "device.speculative=null").summary["mean_tpot_ms"], 2) == 11.77
+    loads = [expected_stability(sc, generate(sc)).offered_load for sc in
+             (load_scenario(SCENARIOS / "speculative.yaml", ["workload.arrival.rate=35", *extra])
+              for extra in ([], ["device.speculative=null"]))]
+    assert [round(x, 2) for x in loads] == [0.99, 0.94]
+    sc = spec.scenario
+    cost, context = LinearCost.of(sc.device), spec.stability.mean_context_tokens
+    assert [round(speedup(cost, sc.device.speculative, b, context), 2) for b in (1, 64)] == [1.96, 1.32]
+    assert speedup(cost, sc.device.speculative, 197, context) >= 1 > speedup(cost, sc.device.speculative, 198, context)

@@ -107,6 +107,10 @@ class Recorder(Observer):
         self.finish_s = np.full(n, math.nan)
         self.num_preemptions = np.zeros(n, dtype=np.int32)
         self.num_cached_tokens = np.zeros(n, dtype=np.int32)
+        # Speculative decoding's counters (simbatch.speculative): steps with drafts, drafts, accepted drafts.
+        self.num_drafts = np.zeros(n, dtype=np.int32)
+        self.num_draft_tokens = np.zeros(n, dtype=np.int64)
+        self.num_accepted_tokens = np.zeros(n, dtype=np.int64)
         self.waiting_s = np.zeros(n)
         self.generated_tokens = np.zeros(n, dtype=np.int64)
         self.arrived = np.zeros(n, dtype=bool)
@@ -164,6 +168,10 @@ class Recorder(Observer):
         self.finish_s[i] = req.finish_s
         self.num_preemptions[i] = req.num_preemptions
         self.num_cached_tokens[i] = req.num_cached_tokens
+        if req.num_drafts:
+            self.num_drafts[i] = req.num_drafts
+            self.num_draft_tokens[i] = req.num_draft_tokens
+            self.num_accepted_tokens[i] = req.num_accepted_tokens
         self.waiting_s[i] = req.waiting_s
         self.generated_tokens[i] = req.num_generated
 

@@ -12,6 +12,9 @@ Per request (the ``requests`` frame; times in seconds from the start of the run)
   (up to the end of the run for a request still waiting then). Its mean is ``Wq_s``.
 - ``num_cached_tokens`` prompt tokens found in the prefix cache at the request's first admission
   (``kv_cache.enable_prefix_caching``; 0 without it): prefill it skipped.
+- ``num_drafts``, ``num_draft_tokens``, ``num_accepted_tokens`` with speculative decoding
+  (``device.speculative``; 0 without it): the decode steps in which the request verified drafts,
+  the drafts it verified, and those accepted.
 - ``client_wait_s`` time the client held the request back before sending it (``workload.max_concurrency``;
   0 otherwise). ``arrival_s`` is when the server received it, the send, so TTFT and E2E count from
   the send as ``vllm bench serve`` measures them; the intended arrival is arrival_s - client_wait_s.
@@ -33,7 +36,10 @@ clock mid-step, that step is a last row with ``itl_tokens`` 0: it began (its adm
 preemptions happened) but its tokens never came.
 
 Per token: ``itl`` (inter-token latency) is the gap between two consecutive tokens of one request,
-over every token after a request's first. A decoding request emits a token every step, so most
+over every token after a request's first. With speculative decoding a step may emit several tokens
+of a request at once; they are streamed as one chunk, and, as ``vllm bench serve`` measures ITL
+between chunks, they are one gap, the step's duration (so ITL stays the step time while TPOT falls
+to the step time over the tokens per step). A decoding request emits every step, so most
 gaps equal one step's duration (a row's mean, for the ITL percentiles: with a context-aware cost
 they smooth the slow growth of the steps within a row; the mean ITL is exact); gaps across a
 preemption or a stall are recorded one by one (``stall_gaps``: a result folder keeps them in
@@ -82,6 +88,14 @@ Queueing quantities, over admitted requests (arrived and not rejected):
   queries, with prefix caching: the prompt tokens of every request admitted at least once, and
   those of them found cached at its first admission (vLLM's ``vllm:prefix_cache_queries`` and
   ``vllm:prefix_cache_hits``, which also count the lookups of re-admissions after a preemption).
+- ``spec_decode_num_drafts``, ``spec_decode_num_draft_tokens``, ``spec_decode_num_accepted_tokens``,
+  with speculative decoding: over every request, the steps that verified drafts, the drafts verified
+  and those accepted (vLLM's ``vllm:spec_decode_num_drafts``, ``..._num_draft_tokens``,
+  ``..._num_accepted_tokens``); ``spec_decode_acceptance_rate`` = accepted / draft tokens, and
+  ``spec_decode_mean_acceptance_length`` = 1 + accepted / drafts, the tokens a speculating step
+  emits on average (vLLM's mean acceptance length). The acceptance rate is not the per-token alpha:
+  a draft after a rejected one counts as rejected, so with k drafts it is
+  alpha (1 - alpha^k) / ((1 - alpha) k); a request's last steps propose fewer (simbatch.speculative).
 
 Tenants (with more than one, see :func:`tenant_summary`): ``tenant_<name>_request_throughput``,
 ``tenant_<name>_mean_ttft_ms``, ``tenant_<name>_p99_ttft_ms``, ``tenant_<name>_mean_e2el_ms``.
@@ -136,6 +150,9 @@ def requests_frame(wl: WorkloadArrays, rec: Recorder) -> pd.DataFrame:
         "generated_tokens": rec.generated_tokens[idx],
         "num_preemptions": rec.num_preemptions[idx],
         "num_cached_tokens": rec.num_cached_tokens[idx],
+        "num_drafts": rec.num_drafts[idx],
+        "num_draft_tokens": rec.num_draft_tokens[idx],
+        "num_accepted_tokens": rec.num_accepted_tokens[idx],
         "status": pd.Categorical.from_codes(rec.status[idx], categories=list(OUTCOMES)),
         # Through a Series: the same column as numpy's ``astype(str)``, several times faster.
         "reason": pd.Series(rec.reason[idx]).astype(str),
@@ -254,6 +271,8 @@ def summarize(scenario: Scenario, requests: pd.DataFrame, iterations: pd.DataFra
         out["prefix_cache_hits"] = int(requests["num_cached_tokens"].to_numpy()[admitted].sum())
         queries = out["prefix_cache_queries"]
         out["prefix_cache_hit_rate"] = out["prefix_cache_hits"] / queries if queries else math.nan
+    if any(s.device.speculative is not None for s in replica_scenarios(scenario)):
+        out |= spec_decode_summary(requests)
     pools = scenario.cluster.disaggregated
     out |= cluster_summary(requests, iterations, duration, replicas, None if pools is None else pools.prefill.count)
     out |= tenant_summary(requests, duration)
@@ -291,6 +310,17 @@ def pool_summary(scenario: Scenario, done: pd.DataFrame, iterations: pd.DataFram
     out |= describe_ms("decode_queue", done["decode_queue_s"].to_numpy())
     out |= describe_ms("kv_transfer", done["kv_transfer_s"].to_numpy())
     return out
+
+
+def spec_decode_summary(requests: pd.DataFrame) -> dict[str, float]:
+    """With speculative decoding, vLLM's ``spec_decode_*`` keys over every request (module docstring)."""
+    drafts = int(requests["num_drafts"].sum())
+    draft_tokens = int(requests["num_draft_tokens"].sum())
+    accepted = int(requests["num_accepted_tokens"].sum())
+    return {"spec_decode_num_drafts": drafts, "spec_decode_num_draft_tokens": draft_tokens,
+            "spec_decode_num_accepted_tokens": accepted,
+            "spec_decode_acceptance_rate": accepted / draft_tokens if draft_tokens else math.nan,
+            "spec_decode_mean_acceptance_length": 1 + accepted / drafts if drafts else math.nan}
 
 
 def tenant_summary(requests: pd.DataFrame, duration_s: float) -> dict[str, float]:

@@ -17,6 +17,7 @@ from simbatch.plots.disaggregated import handover
 from simbatch.plots.figure import Frames, Run, save_figure
 from simbatch.plots.latency import e2e_histogram, latency_by_request, ttft_cdf
 from simbatch.plots.prefix import prefix_cache
+from simbatch.plots.speculative import speculative_decoding
 from simbatch.plots.timeseries import (
     batch_size,
     cumulative_output_tokens,
@@ -28,7 +29,7 @@ from simbatch.simulation import Result
 
 __all__ = ["Frames", "Run", "batch_size", "load_imbalance", "replica_load", "cumulative_output_tokens", "e2e_histogram", "handover", "kv_usage",
            "latency_by_request", "output_throughput", "prefix_cache", "running_waiting", "save_compare_plots", "save_figure",
-           "save_run_plots", "ttft_cdf"]
+           "save_run_plots", "speculative_decoding", "ttft_cdf"]
 
 
 def _fleet(scenario: Scenario) -> tuple[int, int]:
@@ -55,6 +56,8 @@ def save_run_plots(folder: Path, result: Result) -> list[Path]:
         figures["prefix_cache"] = prefix_cache(runs)
     if sc.cluster.disaggregated is not None:
         figures["handover"] = handover(result.requests, result.iterations)
+    if "spec_decode_acceptance_rate" in result.summary:
+        figures["speculative_decoding"] = speculative_decoding(result, sc)
     n = sc.cluster.replicas
     if n > 1:
         figures["replica_load"] = replica_load(result, n, slots=slots // n if not sc.cluster.groups() else None)

@@ -43,6 +43,12 @@ class StepPlan:
     # over chunks of c tokens after k cached. Doubled so that it is an integer.
     kv_tokens: int = 0
     attention_pairs_x2: int = 0
+    # Speculative decoding (simbatch.speculative): drafts verified (costed at gamma), the drafter's
+    # sequential passes (the most drafts of any request), and the speculating sequences and their context.
+    draft_tokens: int = 0
+    draft_steps: int = 0
+    spec_seqs: int = 0
+    spec_kv_tokens: int = 0
     num_admitted: int = 0  # requests that left WAITING for this step
     num_preempted: int = 0  # requests sent back to WAITING while planning this step
     swap_blocks: int = 0  # blocks moved between device and host while planning this step
@@ -150,15 +156,16 @@ class BaseScheduler(ABC):
         self.running.append(req)
         self.waiting.on_admit(req)
 
-    def _emit_token(self, req: Request, end_s: float, step: int, outcome: StepOutcome) -> None:
-        """``req`` sampled one token at the end of ``step``."""
+    def _emit_token(self, req: Request, end_s: float, step: int, outcome: StepOutcome, n: int = 1) -> None:
+        """``req`` sampled ``n`` tokens at the end of ``step`` (more than one: accepted drafts), streamed
+        as one chunk, which is one inter-token gap (simbatch.metrics.summary)."""
         if req.num_generated == 0:
             req.first_token_s = end_s
         elif req.last_token_step == step - 1:
             outcome.itl_tokens += 1
         else:
             outcome.stall_gaps_s.append(end_s - req.last_token_s)
-        req.num_generated += 1
+        req.num_generated += n
         req.last_token_s = end_s
         req.last_token_step = step
 

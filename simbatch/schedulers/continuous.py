@@ -18,6 +18,11 @@ Every step the running set is chosen afresh (Orca), and each request gets a slic
    once, its work discarded), unless the preemptions left nothing running. Under the ``priority``
    policy a waiting request may evict a running one of strictly worse priority.
 
+Speculative decoding (``device.speculative``, :mod:`simbatch.speculative`): in rule 1 a decoding
+request takes its token and ``d`` drafts, ``d = min(k, tokens it still needs - 1, budget left - 1
+for each decode after it)``, with blocks for all ``1 + d``; at the end of the step it accepts ``A``
+of them (from its own acceptance stream), computes ``A + 1`` tokens and emits ``A + 1``.
+
 Finished requests retire at the end of the step, releasing their blocks in running (admission)
 order; the blocks are free for the very next step.
 
@@ -45,6 +50,7 @@ from simbatch.kv import KVCacheManager, blocks_for
 from simbatch.policies import WaitingQueue, victim_key, waiting_key
 from simbatch.request import FINISHED, RUNNING, WAITING, Request
 from simbatch.schedulers.base import IDLE, BaseScheduler, Idle, StepOutcome, StepPlan
+from simbatch.speculative import AcceptanceStream
 
 
 def _admission_order(req: Request) -> int:
@@ -70,6 +76,10 @@ class ContinuousScheduler(BaseScheduler):
         self.head_of_line_blocking = s.head_of_line_blocking
         self._victim_key = victim_key(s)
         self._waiting_key = waiting_key(s)
+        spec = scenario.device.speculative
+        self.num_spec = spec.num_speculative_tokens if spec else 0  # k: drafts per decode (simbatch.speculative)
+        self._alpha = spec.acceptance_rate if spec else 0.0
+        self._concentration = spec.acceptance_rate_concentration if spec else None
         # Planning state of the step being built.
         self._sched: dict[Request, int] = {}
         self._budget = 0
@@ -126,15 +136,28 @@ class ContinuousScheduler(BaseScheduler):
                     plan.attention_pairs_x2 += n * (2 * k + n)
                 else:
                     plan.decode_seqs += 1
+                    if n > 1:  # verifying n - 1 drafts
+                        plan.draft_tokens += n - 1
+                        plan.draft_steps = max(plan.draft_steps, n - 1)
+                        plan.spec_seqs += 1
+                        plan.spec_kv_tokens += k
         return plan
 
     def _schedule_decodes(self, now: float, plan: StepPlan) -> None:
-        """Rule 1: each decoding request, in running order, its token and the block it may need."""
+        """Rule 1: each decoding request, in running order, its token and the block it may need.
+
+        With speculative decoding, its token and its drafts (:mod:`simbatch.speculative`): no more
+        than it still needs, and leaving one token of the budget for each decode after it."""
+        after = len(self.running) - len(self._prefilling) if self.num_spec else 0  # decodes not yet planned
         for req in list(self.running):  # a snapshot: victims leave mid-loop
             if req.status is not RUNNING or req.prefill_pending:
                 continue  # preempted earlier in this loop, or prefilling (rule 2)
-            self._take(req, 1)
-            if not self._reserve(req, 1, now, plan):
+            n = 1
+            if after:
+                after -= 1
+                n += max(0, min(self.num_spec, req.output_tokens - req.num_generated - 1, self._budget - 1 - after))
+            self._take(req, n)
+            if not self._reserve(req, n, now, plan):
                 self._budget += self._sched.pop(req)  # stalls, keeping its blocks
 
     def _plan_group(self, plan: StepPlan) -> bool:
@@ -345,6 +368,9 @@ class ContinuousScheduler(BaseScheduler):
         """Each scheduled request computes its tokens; one that caught up samples a token."""
         publish = self.kv.publish if self.kv.caching else None
         for req, n in plan.slices:
+            emitted = 1
+            if n > 1 and not req.prefill_pending:  # a decode verifying n - 1 drafts
+                emitted = n = 1 + self._accepted(req, n - 1)  # the rejected drafts' slots roll back
             req.num_computed_tokens += n
             if publish is not None and req.prefill_pending:
                 publish(req)  # a prefill chunk's full blocks are findable at once (simbatch.prefix_cache)
@@ -353,7 +379,7 @@ class ContinuousScheduler(BaseScheduler):
             if req.prefill_pending:
                 req.prefill_pending = False
                 del self._prefilling[req]
-            self._emit_token(req, end_s, step, outcome)
+            self._emit_token(req, end_s, step, outcome, emitted)
             if self.hands_off and req.num_generated < req.output_tokens:
                 self._send(req)  # decoded elsewhere; a one-token output finishes here
             elif req.num_generated >= req.output_tokens:
@@ -361,6 +387,16 @@ class ContinuousScheduler(BaseScheduler):
                 outcome.finished.append(req)
             else:
                 self._decoding(req)
+
+    def _accepted(self, req: Request, drafts: int) -> int:
+        """Of ``drafts`` drafts verified, how many ``req`` accepts, from its own stream; counted."""
+        if req.acceptance is None:
+            req.acceptance = AcceptanceStream(self.scenario.seed, req.request_id, self._alpha, self._concentration)
+        accepted = min(req.acceptance.next(), drafts)
+        req.num_drafts += 1
+        req.num_draft_tokens += drafts
+        req.num_accepted_tokens += accepted
+        return accepted
 
     def _decoding(self, req: Request) -> None:
         """``req`` sampled a token and goes on decoding (a hook for the lockstep scheduler)."""

@@ -17,6 +17,10 @@ one-request-at-a-time rules apply unchanged.
 
 Fast-forward. A plan of lockstep decodes alone repeats, step after step, until a member finishes or
 the next block cannot be had (``repeatable_steps``); the engine takes such a run as one timeout.
+
+Speculative decoding declines both: a speculating decode emits a random number of tokens each step,
+so no two steps are alike. Its requests never join the group, every step is planned by the model's
+rules one request at a time, and ``repeatable_steps`` is 1 (a plan without a group).
 """
 
 from __future__ import annotations
@@ -66,6 +70,9 @@ class LockstepScheduler(ContinuousScheduler):
         return plan
 
     def _schedule_decodes(self, now: float, plan: StepPlan) -> None:
+        if self.num_spec:  # speculating decodes never join the group (_decoding): the model's rules, as written
+            super()._schedule_decodes(now, plan)
+            return
         group, running = self._group, self.running
         lone = [r for r in running if not r.prefill_pending and r not in group] \
             if len(running) > len(group) + len(self._prefilling) else []
@@ -301,7 +308,8 @@ class LockstepScheduler(ContinuousScheduler):
         return outcome
 
     def _decoding(self, req: Request) -> None:
-        self._join(req)
+        if not self.num_spec:
+            self._join(req)
 
     # ---------------------------------------------------------------- execution
     def finish_step(self, plan: StepPlan, end_s: float, step: int) -> StepOutcome:

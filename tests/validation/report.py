@@ -116,6 +116,12 @@ def _title(module: ModuleType) -> str:
     return (inspect.getdoc(module) or module.__name__).splitlines()[0]
 
 
+def _order(title: str) -> tuple:
+    """Numbered sections by number (10 after 9), then the others by title."""
+    number = title.split(":", 1)[0]
+    return (0, int(number), title) if number.isdigit() else (1, 0, title)
+
+
 def _body(doc: str) -> str:
     return "\n".join(doc.splitlines()[1:]).strip()
 
@@ -128,12 +134,6 @@ def row_line(r: Row) -> str:
     """One row as plain text, for the terminal."""
     return (f"{'pass' if r.passed else 'FAIL'}  {r.test}  {r.quantity}: theory {_fmt(r.theory)}, simulated "
             f"{_fmt(r.mean)} +- {r.half_width:.3g} (rel. error {r.rel_error:.2e}, {r.kind}, R={r.replications or '-'})")
-
-
-def _order(title: str) -> tuple[int, str]:
-    """Sections by their number ("9: ..." before "10: ..."), unnumbered ones last, by title."""
-    number = title.split(":", 1)[0]
-    return (int(number), title) if number.isdigit() else (1 << 30, title)
 
 
 def render(ledger: Ledger) -> str:
