@@ -59,8 +59,10 @@ def execute(path: Path, *, small: bool, timeout_s: int | None = None, attempts: 
         except (CellTimeoutError, DeadKernelError) as exc:
             if attempt == attempts:
                 raise
-            print(f"{path.name}: the kernel stopped answering ({type(exc).__name__}); running it again in a "
-                  "fresh kernel", file=sys.stderr)
+            cell = str(exc).partition("Here is a preview of the cell contents:")[2].strip().splitlines()[:2]
+            print(f"{path.name}: the kernel stopped answering ({type(exc).__name__}"
+                  f"{', in the cell ' + repr(' / '.join(cell)) if cell else ''}); running it again in a fresh kernel",
+                  file=sys.stderr)
     raise AssertionError("unreachable")
 
 

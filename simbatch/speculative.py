@@ -60,7 +60,10 @@ def tokens_per_step(spec: Speculative) -> float:
 
     # E[1 / E(alpha_i)] by Gauss-Jacobi quadrature, whose weight on [-1, 1] is the Beta density's with
     # alpha = (1 + x) / 2: exact for polynomials of degree < 128, and 1 / E is smooth and bounded.
-    x, w = roots_jacobi(64, c * (1 - alpha) - 1, c * alpha - 1)
+    # A Beta parameter below ~1e-16 would round the Jacobi exponent to -1, where the weight is not
+    # integrable; that close to 0 the law is a point mass at its end of [0, 1] whichever tiny value it
+    # has, so 1e-12 stands for every smaller one (numpy's own Beta draws are then 0 or 1 exactly).
+    x, w = roots_jacobi(64, max(c * (1 - alpha), 1e-12) - 1, max(c * alpha, 1e-12) - 1)
     return float(w.sum() / (w / expected_tokens_per_step(k, (1 + x) / 2)).sum())
 
 

@@ -264,3 +264,13 @@ def test_each_request_may_draw_its_own_acceptance_rate():
     e_i = np.array([expected_tokens_per_step(4, a) for a in alphas])
     assert tokens_per_step(spread) == pytest.approx(1 / (1 / e_i).mean(), rel=0.01)
     assert tokens_per_step(spread) < tokens_per_step(one) == expected_tokens_per_step(4, 0.6)
+
+
+@pytest.mark.parametrize(("alpha", "concentration", "tokens"), [(1e-71, 1.0, 1.0), (1 - 1e-16, 0.5, 5.0)])
+def test_a_spread_squeezed_against_an_end_of_its_range_is_that_end(alpha, concentration, tokens):
+    """A Beta parameter too small for a float (c alpha or c (1 - alpha) below 1e-16) is a point mass at
+    0 or 1: one token a step, or all k + 1 (found by hypothesis: the quadrature refused it)."""
+    from simbatch.speculative import tokens_per_step
+
+    spread = Speculative(**spec(k=4, alpha=alpha), acceptance_rate_concentration=concentration)
+    assert tokens_per_step(spread) == pytest.approx(tokens, rel=1e-9)
