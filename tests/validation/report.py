@@ -138,8 +138,8 @@ def row_line(r: Row) -> str:
 
 def render(ledger: Ledger) -> str:
     modules = sorted(ledger.modules.values(), key=lambda m: _order(_title(m)))
-    titles = {m.__name__: _order(_title(m)) for m in modules}
-    rows = sorted(ledger.rows, key=lambda r: titles[r.module])
+    titles = {m.__name__: _title(m) for m in modules}
+    rows = sorted(ledger.rows, key=lambda r: _order(titles[r.module]))
     failed = sum(not r.passed for r in rows)
     lines = [
         "# Validation: simbatch against queueing theory",
