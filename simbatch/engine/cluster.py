@@ -74,9 +74,11 @@ class Engine:
         # as the run goes: it observes the run, after the caller's observers.
         self.client = Client.of(self.env, scenario.workload)
         # The recorder is the first observer: the caller's see a request the recorder has counted.
-        self.recorder = Recorder(len(workload), scenario.cluster.replicas)
-        self.observers = (self.recorder, *observers, *([self.client] if self.client is not None else []))
         self.replica_scenarios = replica_scenarios(scenario)
+        self.recorder = Recorder(len(workload), scenario.cluster.replicas,
+                                 speculative=any(s.device.speculative is not None for s in self.replica_scenarios),
+                                 disaggregated=scenario.cluster.disaggregated is not None)
+        self.observers = (self.recorder, *observers, *([self.client] if self.client is not None else []))
         cls = AcceleratedReplica if scenario.sim.fast_forward else Replica
         self.replicas = [cls(self.env, i, s, self.recorder, workload.tenant_names, check_invariants, self.observers)
                          for i, s in enumerate(self.replica_scenarios)]

@@ -56,7 +56,6 @@ class Dispatcher:
         self.router = make_router(scenario, session, pools.decode_router, streams.DECODE_ROUTING)
         self.link = pools.kv_transfer
         self.kv_bytes_per_token = scenario.kv_bytes_per_token()
-        recorder.disaggregated = True
         # What happens at each future instant: (deliveries, hand-overs), fired by one urgent event.
         self._at: dict[int, tuple[list[Request], list[Request]]] = {}
         self._sent: dict[int, Request] = {}  # request id -> its prefill side, until its KV is delivered

@@ -82,7 +82,8 @@ class _OpenRun:
 class Recorder(Observer):
     """Time-weighted state, iteration runs and per-request outcomes of one run (see the module)."""
 
-    def __init__(self, num_requests: int, num_replicas: int):
+    def __init__(self, num_requests: int, num_replicas: int, *, speculative: bool = False,
+                 disaggregated: bool = False):
         # Time-weighted number in system / waiting.
         self.t_last = 0.0
         self.n_system = 0
@@ -108,18 +109,23 @@ class Recorder(Observer):
         self.num_preemptions = np.zeros(n, dtype=np.int32)
         self.num_cached_tokens = np.zeros(n, dtype=np.int32)
         # Speculative decoding's counters (simbatch.speculative): steps with drafts, drafts, accepted drafts.
-        self.num_drafts = np.zeros(n, dtype=np.int32)
-        self.num_draft_tokens = np.zeros(n, dtype=np.int64)
-        self.num_accepted_tokens = np.zeros(n, dtype=np.int64)
+        # Kept only in runs that speculate, as the disaggregated columns below: at a million requests
+        # every column is megabytes a plain run would carry for nothing.
+        self.speculative = speculative
+        m = n if speculative else 0
+        self.num_drafts = np.zeros(m, dtype=np.int32)
+        self.num_draft_tokens = np.zeros(m, dtype=np.int64)
+        self.num_accepted_tokens = np.zeros(m, dtype=np.int64)
         self.waiting_s = np.zeros(n)
         self.generated_tokens = np.zeros(n, dtype=np.int64)
         self.arrived = np.zeros(n, dtype=bool)
         # Set only in a disaggregated cluster (simbatch.engine.disaggregated): the decode replica, the
         # wait for room there, and the KV transfer's duration.
-        self.disaggregated = False
-        self.decode_replica = np.full(n, -1, dtype=np.int32)
-        self.decode_queue_s = np.full(n, math.nan)
-        self.kv_transfer_s = np.full(n, math.nan)
+        self.disaggregated = disaggregated
+        m = n if disaggregated else 0
+        self.decode_replica = np.full(m, -1, dtype=np.int32)
+        self.decode_queue_s = np.full(m, math.nan)
+        self.kv_transfer_s = np.full(m, math.nan)
         # Set only with a client (simbatch.client): when each request was sent, and how long it was held back.
         self.sent_s = np.full(n, math.nan)
         self.client_wait_s = np.zeros(n)

@@ -150,9 +150,6 @@ def requests_frame(wl: WorkloadArrays, rec: Recorder) -> pd.DataFrame:
         "generated_tokens": rec.generated_tokens[idx],
         "num_preemptions": rec.num_preemptions[idx],
         "num_cached_tokens": rec.num_cached_tokens[idx],
-        "num_drafts": rec.num_drafts[idx],
-        "num_draft_tokens": rec.num_draft_tokens[idx],
-        "num_accepted_tokens": rec.num_accepted_tokens[idx],
         "status": pd.Categorical.from_codes(rec.status[idx], categories=list(OUTCOMES)),
         # Through a Series: the same column as numpy's ``astype(str)``, several times faster.
         "reason": pd.Series(rec.reason[idx]).astype(str),
@@ -163,6 +160,10 @@ def requests_frame(wl: WorkloadArrays, rec: Recorder) -> pd.DataFrame:
         "waiting_s": rec.waiting_s[idx],
         "client_wait_s": rec.client_wait_s[idx],
     }, copy=False)
+    if rec.speculative:
+        at = frame.columns.get_loc("num_cached_tokens") + 1
+        for offset, column in enumerate(("num_drafts", "num_draft_tokens", "num_accepted_tokens")):
+            frame.insert(at + offset, column, getattr(rec, column)[idx])
     if rec.disaggregated:
         frame["decode_replica"] = rec.decode_replica[idx]
         frame["decode_queue_s"] = rec.decode_queue_s[idx]
