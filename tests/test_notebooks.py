@@ -227,12 +227,15 @@ def test_reexecution_is_byte_stable(tmp_path):
     assert nbformat.writes(first) == nbformat.writes(second)
 
 
-def test_widgets_are_not_saved(tmp_path):
-    """A slider panel is a live object of its kernel: the saved notebook keeps neither its view (a random
-    model id) nor its state, so re-execution stays byte-stable; the static figure is the lesson's."""
-    path = _probe(tmp_path, "from simbatch.teaching import widgets\nwidgets.sliders()")
+def test_widgets_are_not_saved_and_the_runner_draws_no_slider_panel(tmp_path):
+    """A widget is a live object of its kernel: the saved notebook keeps neither its view (a random
+    model id) nor its state, so re-execution stays byte-stable. The runner's kernels are headless:
+    a lesson's slider panel is not even built there (simbatch.teaching.widgets.sliders)."""
+    path = _probe(tmp_path, "import ipywidgets\nipywidgets.IntSlider(value=3)")
     nb = runner.execute(path, small=True)
     assert nb.cells[0].outputs == [] and "widgets" not in nb.metadata  # nothing random left to differ
+    path = _probe(tmp_path, "from simbatch.teaching import widgets\nprint(widgets.sliders() is None)")
+    assert runner.execute(path, small=True).cells[0].outputs[0].text == "True\n"
 
 
 @pytest.mark.parametrize("name", ["01_littles_law_and_stability.ipynb", "08_batching_server_as_a_queue.ipynb"])

@@ -52,8 +52,9 @@ def test_slider_extremes_run():
         assert len(e.result.requests) > 0 and math.isfinite(e.offered_load)
 
 
-def test_sliders_are_bound_to_the_callback_and_cover_the_defaults():
+def test_sliders_are_bound_to_the_callback_and_cover_the_defaults(monkeypatch):
     import ipywidgets  # a dev dependency, as the notebook runner is
+    monkeypatch.delenv(widgets.HEADLESS_ENV, raising=False)
     panel = widgets.sliders(rate=2.0)
     assert isinstance(panel, ipywidgets.interactive) and panel.f is widgets.show
     controls = {c.description: c for c in panel.children[:-1]}

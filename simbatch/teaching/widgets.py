@@ -14,6 +14,7 @@ ipywidgets is imported only by :func:`sliders`: the rest runs wherever simbatch 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -89,8 +90,20 @@ def show(**settings) -> None:
     plt.close(exploration.figure)
 
 
+HEADLESS_ENV = "SIMBATCH_HEADLESS_KERNEL"
+"""Set by scripts/run_notebooks.py for the kernels it runs lessons in, which have no one to show controls to."""
+
+
 def sliders(**initial):
-    """One slider or menu per parameter of :func:`explore`, bound to :func:`show` (needs ipywidgets)."""
+    """One slider or menu per parameter of :func:`explore`, bound to :func:`show` (needs ipywidgets).
+
+    In a headless kernel (:data:`HEADLESS_ENV`) there are none, and None is returned: a panel there
+    draws into a live Output widget nobody sees, and now and then that left nbclient and the kernel
+    waiting on each other for the whole cell timeout (both idle; jupyter/nbclient#312). The saved
+    lesson shows the static figure drawn just before either way.
+    """
+    if os.environ.get(HEADLESS_ENV) == "1":
+        return None
     import ipywidgets
 
     v = {**DEFAULTS, **initial}
