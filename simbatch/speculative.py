@@ -34,6 +34,8 @@ where ``tau0`` dominates, and loses once the drafts' ``gamma k B`` outweighs wha
 
 from __future__ import annotations
 
+import numpy as np
+
 from simbatch import streams
 from simbatch.config import Speculative
 from simbatch.cost import LinearCost
@@ -63,7 +65,9 @@ def tokens_per_step(spec: Speculative) -> float:
     # A Beta parameter below ~1e-16 would round the Jacobi exponent to -1, where the weight is not
     # integrable; that close to 0 the law is a point mass at its end of [0, 1] whichever tiny value it
     # has, so 1e-12 stands for every smaller one (numpy's own Beta draws are then 0 or 1 exactly).
-    x, w = roots_jacobi(64, max(c * (1 - alpha), 1e-12) - 1, max(c * alpha, 1e-12) - 1)
+    # (Near that end scipy evaluates a branch it then discards, dividing by ~0: quiet, not wrong.)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        x, w = roots_jacobi(64, max(c * (1 - alpha), 1e-12) - 1, max(c * alpha, 1e-12) - 1)
     return float(w.sum() / (w / expected_tokens_per_step(k, (1 + x) / 2)).sum())
 
 
