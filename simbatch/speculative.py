@@ -83,7 +83,10 @@ class AcceptanceStream:
         self._rng = streams.rng(seed, streams.SPECULATIVE, request_id)
         if concentration is not None:
             # Below 1 however close a draw comes: numpy's geometric needs a rejection probability > 0.
-            alpha = min(float(self._rng.beta(concentration * alpha, concentration * (1 - alpha))), 1 - 1e-12)
+            a, b = concentration * alpha, concentration * (1 - alpha)
+            # A parameter that underflows to 0 makes the law the point mass at that end of [0, 1]
+            # (as tokens_per_step takes it); numpy refuses it.
+            alpha = min(0.0 if a <= 0 else 1.0 if b <= 0 else float(self._rng.beta(a, b)), 1 - 1e-12)
         self.alpha = alpha
         self._p = 1.0 - alpha  # numpy's geometric counts trials up to the first rejection, from 1
         self._draws: list[int] = []

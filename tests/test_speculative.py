@@ -274,3 +274,10 @@ def test_a_spread_squeezed_against_an_end_of_its_range_is_that_end(alpha, concen
 
     spread = Speculative(**spec(k=4, alpha=alpha), acceptance_rate_concentration=concentration)
     assert tokens_per_step(spread) == pytest.approx(tokens, rel=1e-9)
+
+
+def test_a_rate_whose_spread_underflows_is_the_point_mass_at_its_end():
+    """c alpha below the smallest float (found by hypothesis: alpha = 5e-324, c = 0.5): numpy's Beta
+    refuses a zero parameter; the request's rate is then 0, and it never accepts a draft."""
+    stream = AcceptanceStream(0, 0, 5e-324, 0.5)
+    assert stream.alpha == 0.0 and {stream.next() for _ in range(50)} == {0}
