@@ -245,17 +245,17 @@ class ContinuousScheduler(BaseScheduler):
         prompt) stops admission; without head-of-line blocking it is passed over instead, and the
         scan goes on while a slot, a free block and some budget remain.
         """
-        waiting, running, kv = self.waiting, self.running, self.kv
+        waiting, kv = self.waiting, self.kv
         passed_over: list[Request] | None = None
         while self._budget > 0:
             req = waiting.peek()
             if req is None:
                 break
+            full = self._seats_taken() >= self.max_num_seqs
             if req.remote_kv:
                 # Its KV comes whole from a prefill replica: it needs the blocks and a slot, no budget.
                 # First come, first served: the head waits for room, and nobody overtakes it.
-                if self._seats_taken() >= self.max_num_seqs or \
-                        blocks_for(req.num_computed_tokens, kv.block_size) > kv.device.num_free:
+                if full or blocks_for(req.num_computed_tokens, kv.block_size) > kv.device.num_free:
                     break
                 self._start_transfer(waiting.pop(), now)
                 continue
@@ -263,12 +263,12 @@ class ContinuousScheduler(BaseScheduler):
             hits = kv.cached_prefix(req) if kv.caching and not req.num_computed_tokens and \
                 not req.swapped_blocks else ()
             n = self._chunk(req, len(hits) * kv.block_size)
-            if n == 0 or self._seats_taken() >= self.max_num_seqs or not (
+            if n == 0 or full or not (
                     kv.fits(req, hits, n) if hits else
                     blocks_for(req.num_computed_tokens + n, kv.block_size) <= kv.device.num_free):
                 if n and self.evicts_for_priority and self._evict_for(req, now, plan):
                     continue
-                if self.head_of_line_blocking or len(running) >= self.max_num_seqs or not kv.device.num_free:
+                if self.head_of_line_blocking or full or not kv.device.num_free:
                     break
                 if passed_over is None:
                     passed_over = []
