@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
+import numpy as np
+
 from simbatch.config import KVCache
 from simbatch.request import Request
 
@@ -142,7 +144,7 @@ class KVCacheManager:
         return len(ids)
 
     # ---------------------------------------------------------------- prefix caching
-    def cached_prefix(self, req: Request) -> list[int]:
+    def cached_prefix(self, req: Request) -> np.ndarray:
         """The cached blocks that hold the start of ``req``'s known tokens, longest run from block 0;
         never the block of the last known token, whose logits must be computed."""
         return self.device.lookup(req, self.block_size)
@@ -155,10 +157,10 @@ class KVCacheManager:
         free = self.device.num_free
         return new + len(hits) <= free or new + self.device.num_evictable(hits) <= free
 
-    def use_cached(self, req: Request, hits: Sequence[int]) -> None:
+    def use_cached(self, req: Request, hits: np.ndarray) -> None:
         """``req`` shares ``hits``: its first ``len(hits)`` blocks are computed already."""
         self.device.touch(hits)
-        req.block_ids = list(hits)
+        req.block_ids = hits  # an array (the lookup's own): later blocks are appended to it, see _give
         req.num_published_blocks = len(hits)
         req.num_computed_tokens = len(hits) * self.block_size
 
@@ -209,6 +211,10 @@ class KVCacheManager:
         """``n`` blocks for a lockstep group's members, which the group holds for them."""
         return self.device.allocate(n)
 
+    def hand_over(self, req: Request, ids: list[int]) -> None:
+        """Blocks a lockstep group held on ``req``'s behalf become its own (it leaves the group)."""
+        _give(req, ids)
+
     def reserve_batch(self, batch: list[Request], blocks: int) -> bool:
         """A request-level batch's memory, reserved whole at its start and shared among its slots as
         evenly as it divides (so every block has one holder); False if the blocks are short."""
@@ -253,9 +259,13 @@ FULL_CHECK_EVERY = 64
 
 
 def _give(req: Request, ids: list[int]) -> None:
-    """Add ``ids`` to the blocks ``req`` holds (a list of its own the first time: it held the shared ())."""
-    if req.block_ids:
-        req.block_ids += ids
+    """Add ``ids`` to the blocks ``req`` holds: a list of its own the first time (it held the shared
+    ()), or an array when it started from a cached prefix (the pool frees it without converting)."""
+    held = req.block_ids
+    if isinstance(held, list):
+        held += ids
+    elif len(held):
+        req.block_ids = np.concatenate((held, ids))
     else:
         req.block_ids = ids.copy()  # not the caller's list: the request's grows
 

@@ -39,6 +39,29 @@ def block_key(req: Request, index: int, block_size: int) -> tuple[int, int]:
     return (req.prefix_stream if req.prefix_stream >= 0 else -2 - req.request_id), index
 
 
+def _key(stream: int, position: int) -> int:
+    """A key as one number: the stream in the high bits, position + 1 in the low 32 (0: no key)."""
+    return (stream << 32) + position + 1
+
+
+_LOOP = 8
+"""Calls on at most this many blocks go block by block: below it, NumPy's fixed cost per call (about
+a microsecond) exceeds a Python loop's."""
+
+_NO_BLOCKS = np.zeros(0, np.int64)
+_NO_BLOCKS.flags.writeable = False
+
+
+def _all(mask: np.ndarray) -> bool:
+    """``mask.all()``, without the method's Python-level dispatch (a third of a small call's cost)."""
+    return np.count_nonzero(mask) == len(mask)
+
+
+def _array(ids: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Block ids as an int64 array (a request that started from a cached prefix holds one already)."""
+    return ids if isinstance(ids, np.ndarray) else np.array(ids, dtype=np.int64)
+
+
 class CachingBlockPool(BlockPool):
     """A block pool whose blocks carry a reference count and, once published, a content key.
 
@@ -46,29 +69,31 @@ class CachingBlockPool(BlockPool):
     lookup that finds a cached free block takes it out of the queue (``touch``), and an allocation
     that reaches a cached block evicts its key.
 
-    A conversation's turn shares hundreds of blocks, so everything is done on arrays, never block
-    by block. The cache is one array per stream, indexed by block position (-1: not cached), so a
-    lookup is a scan for the first miss; a block's key is its (stream, position + 1), 0 for none.
+    A conversation's turn shares hundreds of blocks, so the work is done on arrays, not block by
+    block (but for a few blocks at a time, see ``_LOOP``). Each block has its key (:func:`_key`),
+    the truth. The index from keys to blocks is one array per stream: the block last cached at
+    each position. An entry is a hint, good while its block still has that key: evicting a block
+    only clears the block's key, and a lookup checks the hints it reads, up to the first that fails.
     Each block's place in the free queue is a sequence number: the queue is a list of freed runs in
     order, and a block taken back off it (touched, or freed again later) leaves a stale entry behind
     that allocation skips.
     """
 
-    __slots__ = ("_streams", "_live", "_ref", "_key_stream", "_key_pos", "_queue_seq", "_runs", "_seq",
-                 "_num_queued")
+    __slots__ = ("_streams", "_num_streams_kept", "_ref", "_key", "_queue_seq", "_runs", "_seq", "_num_queued")
 
     COMPACT_SLACK = 1024  # stale queue entries tolerated beyond twice the pool
 
     def __init__(self, num_blocks: int):
         super().__init__(num_blocks)
-        self._streams: dict[int, np.ndarray] = {}  # stream -> its cached block at each position, or -1
-        self._live: dict[int, int] = {}  # stream -> how many of its positions are cached
+        self._streams: dict[int, np.ndarray] = {}  # stream -> the block cached at each position, or num_blocks
+        self._num_streams_kept = 0  # streams after the last sweep (_forget_dead_streams)
         # Zero-filled arrays cost nothing until touched, as never-used blocks must.
         self._ref = np.zeros(num_blocks, np.int32)
-        self._key_stream = np.zeros(num_blocks, np.int64)
-        self._key_pos = np.zeros(num_blocks, np.int64)  # position + 1 in its stream; 0: not cached
+        # One more key than blocks: an empty position points at block num_blocks, which has none.
+        self._key = np.zeros(num_blocks + 1, np.int64)
         self._queue_seq = np.zeros(num_blocks, np.int64)  # a free block's place in the queue; 0: not queued
-        self._runs: deque[tuple[np.ndarray, np.ndarray]] = deque()  # (blocks, their places), oldest first
+        # (blocks, the first one's place): freed runs, oldest first; the places in a run are consecutive
+        self._runs: deque[tuple[np.ndarray, int]] = deque()
         self._seq = 0
         self._num_queued = 0  # entries in _runs, stale ones included
 
@@ -79,24 +104,45 @@ class CachingBlockPool(BlockPool):
         self.num_free -= n
         first = self._next_unused
         unused = min(n, self.num_blocks - first)
-        self._next_unused = first + unused
-        self._ref[first:first + unused] = 1
-        ids = list(range(first, first + unused))
-        if unused < n:
-            taken = self._dequeue(n - unused)
-            self._ref[taken] = 1
-            self._evict(taken)
-            ids += taken.tolist()
-        return ids
+        if unused:
+            self._next_unused = first + unused
+            self._ref[first:first + unused] = 1
+            if unused == n:
+                return list(range(first, first + n))
+        elif n <= _LOOP:
+            taken = self._dequeue_few(n)
+            if taken is not None:
+                return taken
+        taken = self._dequeue(n - unused)
+        self._ref[taken] = 1
+        self._key[taken] = 0  # evicted: what they held is gone
+        return [*range(first, first + unused), *taken.tolist()]
+
+    def _dequeue_few(self, n: int) -> list[int] | None:
+        """:meth:`allocate` of a few blocks from the queue's head, block by block; None (and no change)
+        unless the head run's first ``n`` entries are all live (the usual case)."""
+        blocks, first_place = self._runs[0]
+        head = blocks[:n].tolist()
+        seq = self._queue_seq
+        if len(head) < n or any(seq.item(block) != place for place, block in enumerate(head, first_place)):
+            return None
+        self._runs[0] = (blocks[n:], first_place + n)
+        self._num_queued -= n
+        ref, key = self._ref, self._key
+        for block in head:
+            ref[block] = 1
+            seq[block] = 0
+            key[block] = 0
+        return head
 
     def _dequeue(self, n: int) -> np.ndarray:
         """The ``n`` least recently freed blocks, off the queue."""
         runs, seq, out = self._runs, self._queue_seq, []
         while n:
-            blocks, places = runs[0]
+            blocks, first_place = runs[0]
             head = blocks[:n]
-            if len(head) == n and (seq[head] == places[:n]).all():  # the usual case: no stale entry ahead
-                runs[0] = (blocks[n:], places[n:])
+            if len(head) == n and _all(seq[head] == np.arange(first_place, first_place + n)):  # no stale entry
+                runs[0] = (blocks[n:], first_place + n)
                 self._num_queued -= n
                 out.append(head)
                 break
@@ -104,13 +150,14 @@ class CachingBlockPool(BlockPool):
             # compaction the run is the whole queue.
             window = 2 * n + 32
             while True:
-                live = np.flatnonzero(seq[blocks[:window]] == places[:window])
+                ahead = blocks[:window]
+                live = np.flatnonzero(seq[ahead] == np.arange(first_place, first_place + len(ahead)))
                 if len(live) >= n or window >= len(blocks):
                     break
                 window *= 4
             if len(live) > n or (len(live) == n and window < len(blocks)):
                 cut = int(live[n - 1]) + 1
-                runs[0] = (blocks[cut:], places[cut:])
+                runs[0] = (blocks[cut:], first_place + cut)
                 self._num_queued -= cut
                 out.append(blocks[live[:n]])
                 break
@@ -122,91 +169,81 @@ class CachingBlockPool(BlockPool):
         seq[taken] = 0
         return taken
 
-    def _evict(self, blocks: np.ndarray) -> None:
-        """Forget the keys of ``blocks``, about to be reused."""
-        positions = self._key_pos[blocks] - 1
-        keyed = positions >= 0
-        if not keyed.all():
-            if not keyed.any():
-                return
-            blocks, positions = blocks[keyed], positions[keyed]
-        streams = self._key_stream[blocks]
-        self._key_pos[blocks] = 0
-        groups = [(int(streams[0]), positions)] if (streams == streams[0]).all() else \
-            [(stream, positions[streams == stream]) for stream in np.unique(streams).tolist()]
-        for stream, mine in groups:
-            self._streams[stream][mine] = -1
-            live = self._live[stream] - len(mine)
-            if live:
-                self._live[stream] = live
-            else:  # a stream with nothing cached is forgotten: one-off requests must not pile up
-                del self._streams[stream], self._live[stream]
-
     def free(self, ids: Sequence[int]) -> None:
         """Drop one reference to each block; the unreferenced join the queue, the request's last
         block first (so a request's tail is evicted before its head, which others may share)."""
-        if not ids:
+        if not len(ids):
             return
-        blocks = np.array(ids[::-1], dtype=np.int64)
+        blocks = _array(ids)[::-1]
         ref = self._ref[blocks] - 1
-        if (ref < 0).any():
+        if np.count_nonzero(ref < 0):
             raise AssertionError("freed more blocks than were allocated")
         self._ref[blocks] = ref
         freed = blocks[ref == 0]
         if len(freed):
-            places = np.arange(self._seq + 1, self._seq + 1 + len(freed), dtype=np.int64)
-            self._seq += len(freed)
-            self._queue_seq[freed] = places
-            self._runs.append((freed, places))
-            self._num_queued += len(freed)
+            self._enqueue(freed)
             self.num_free += len(freed)
             if self._num_queued > 2 * self.num_blocks + self.COMPACT_SLACK:
                 self._compact()
 
-    def _compact(self) -> None:
-        """Drop the stale entries: the queue never holds more than twice the pool."""
-        blocks = np.concatenate([b for b, _ in self._runs])
-        places = np.concatenate([p for _, p in self._runs])
-        live = self._queue_seq[blocks] == places
-        self._runs = deque([(blocks[live], places[live])])
-        self._num_queued = int(live.sum())
+    def _enqueue(self, blocks: np.ndarray) -> None:
+        """``blocks`` join the queue's tail, in order, at the next places."""
+        first_place = self._seq + 1
+        self._seq += len(blocks)
+        self._queue_seq[blocks] = np.arange(first_place, self._seq + 1)
+        self._runs.append((blocks, first_place))
+        self._num_queued += len(blocks)
 
-    def touch(self, ids: Sequence[int]) -> None:
+    def _compact(self) -> None:
+        """Drop the stale entries (the queue never holds more than twice the pool), renumbering the
+        live ones in their order."""
+        runs, self._runs, self._num_queued = self._runs, deque(), 0
+        self._enqueue(np.concatenate([self._live_entries(blocks, first_place) for blocks, first_place in runs]))
+
+    def _live_entries(self, blocks: np.ndarray, first_place: int) -> np.ndarray:
+        """The blocks of a run still queued at their place in it."""
+        return blocks[self._queue_seq[blocks] == np.arange(first_place, first_place + len(blocks))]
+
+    def touch(self, ids: Sequence[int] | np.ndarray) -> None:
         """One more reference to each block found by a lookup, taking the unreferenced off the queue."""
-        blocks = np.array(ids, dtype=np.int64)
+        blocks = _array(ids)
         ref = self._ref[blocks]
         taken = blocks[ref == 0]
         self._queue_seq[taken] = 0
         self._ref[blocks] = ref + 1
         self.num_free -= len(taken)
 
-    def num_evictable(self, ids: Sequence[int]) -> int:
+    def num_evictable(self, ids: Sequence[int] | np.ndarray) -> int:
         """How many of ``ids`` are free (cached, unreferenced): touching them takes them off the queue."""
-        return int(np.count_nonzero(self._ref[np.array(ids, dtype=np.int64)] == 0))
+        return int(np.count_nonzero(self._ref[_array(ids)] == 0))
 
     # ---------------------------------------------------------------- the cache
-    def lookup(self, req: Request, block_size: int) -> list[int]:
+    def lookup(self, req: Request, block_size: int) -> np.ndarray:
         """The cached blocks holding ``req``'s known tokens from the first, up to the first miss, and
         short of the block of its last known token (see :class:`~simbatch.kv.KVCacheManager`)."""
         limit = (req.prompt_tokens + req.num_generated - 1) // block_size
         system_blocks = min(req.shared_prefix_tokens // block_size, limit)
-        hits: list[int] = []
+        hits = _NO_BLOCKS
         if system_blocks:
             hits = self._run(SYSTEM_PROMPT, 0, system_blocks)
             if len(hits) < system_blocks:
-                return hits
+                return hits.copy()
         if limit > system_blocks:
-            hits += self._run(block_key(req, system_blocks, block_size)[0], system_blocks, limit)
-        return hits
+            more = self._run(block_key(req, system_blocks, block_size)[0], system_blocks, limit)
+            return np.concatenate((hits, more)) if len(hits) else more.copy()
+        return hits.copy()  # the caller's own, not a view of the index, which changes
 
-    def _run(self, stream: int, start: int, stop: int) -> list[int]:
-        """The cached blocks of ``stream`` from position ``start`` up to its first miss, short of ``stop``."""
+    def _run(self, stream: int, start: int, stop: int) -> np.ndarray:
+        """The cached blocks of ``stream`` from position ``start`` up to its first miss, short of
+        ``stop`` (a view of the index)."""
         entries = self._streams.get(stream)
         if entries is None:
-            return []
+            return _NO_BLOCKS
         run = entries[start:stop]
-        misses = np.flatnonzero(run < 0)
-        return (run[:misses[0]] if len(misses) else run).tolist()
+        first_key = _key(stream, start)
+        stale = self._key[run] != np.arange(first_key, first_key + len(run))
+        miss = stale.argmax()
+        return run[:miss] if stale[miss] else run
 
     def publish(self, req: Request, block_size: int) -> None:
         """Offer the full blocks of ``req``'s computed tokens not offered yet, each under its
@@ -224,34 +261,59 @@ class CachingBlockPool(BlockPool):
             self._offer(block_key(req, start, block_size)[0], start, stop, ids)
         req.num_published_blocks = stop
 
-    def _offer(self, stream: int, start: int, stop: int, ids: list[int]) -> None:
+    def _offer(self, stream: int, start: int, stop: int, ids: Sequence[int] | np.ndarray) -> None:
         """Cache ``ids[start:stop]`` at those positions of ``stream``, where the position is free and
         the block uncached."""
         entries = self._streams.get(stream)
         if entries is None:
-            entries = self._streams[stream] = np.full(max(stop, 16), -1, np.int64)
-            self._live[stream] = 0
+            if len(self._streams) > 2 * self._num_streams_kept + 64:
+                self._forget_dead_streams()
+            entries = self._streams[stream] = np.full(max(stop, 16), self.num_blocks, np.int64)
         elif len(entries) < stop:
-            grown = np.full(max(stop, 2 * len(entries)), -1, np.int64)
+            grown = np.full(max(stop, 2 * len(entries)), self.num_blocks, np.int64)
             grown[:len(entries)] = entries
             entries = self._streams[stream] = grown
-        blocks = np.array(ids[start:stop], dtype=np.int64)
-        positions = np.arange(start, stop)
-        new = (entries[start:stop] < 0) & (self._key_pos[blocks] == 0)
-        if not new.all():
-            blocks, positions = blocks[new], positions[new]
-        entries[positions] = blocks
-        self._key_stream[blocks] = stream
-        self._key_pos[blocks] = positions + 1
-        self._live[stream] += len(blocks)
+        key, first_key = self._key, _key(stream, start)
+        if stop - start <= _LOOP:
+            for position in range(start, stop):
+                block, block_key_ = ids[position], first_key + position - start
+                if not key.item(block) and key.item(entries.item(position)) != block_key_:
+                    entries[position] = block
+                    key[block] = block_key_
+            return
+        blocks = _array(ids[start:stop])
+        keys = np.arange(first_key, first_key + len(blocks))
+        new = (key[blocks] == 0) & (key[entries[start:stop]] != keys)
+        if _all(new):
+            entries[start:stop] = blocks
+            key[blocks] = keys
+        else:
+            offsets = np.flatnonzero(new)
+            entries[start + offsets] = blocks[offsets]
+            key[blocks[offsets]] = keys[offsets]
+
+    def _forget_dead_streams(self) -> None:
+        """Drop the index of every stream with nothing cached any more: one-off requests must not
+        pile up. Run each time the streams have doubled since the last time, so its cost is spread."""
+        key = self._key
+        for stream, entries in list(self._streams.items()):
+            if not np.count_nonzero(key[entries] == np.arange(_key(stream, 0), _key(stream, len(entries)))):
+                del self._streams[stream]
+        self._num_streams_kept = len(self._streams)
 
     # ---------------------------------------------------------------- for checks and tests
     @property
     def cached(self) -> dict[tuple[int, int], int]:
         """Every cached block by its key (stream, position)."""
-        blocks = np.flatnonzero(self._key_pos)
-        return dict(zip(zip(self._key_stream[blocks].tolist(), (self._key_pos[blocks] - 1).tolist(), strict=True),
+        blocks = np.flatnonzero(self._key[:self.num_blocks])
+        keys = self._key[blocks]
+        return dict(zip(zip((keys >> 32).tolist(), ((keys & 0xFFFFFFFF) - 1).tolist(), strict=True),
                         blocks.tolist(), strict=True))
+
+    @property
+    def num_streams(self) -> int:
+        """Streams the index holds, dead ones not yet forgotten included (bounded: see _offer)."""
+        return len(self._streams)
 
     def ref_counts(self) -> dict[int, int]:
         """{block: references} of every referenced block."""
@@ -259,6 +321,5 @@ class CachingBlockPool(BlockPool):
         return dict(zip(held.tolist(), self._ref[held].tolist(), strict=True))
 
     def free_ids(self) -> list[int]:
-        queued = [b for blocks, places in self._runs
-                  for b in blocks[self._queue_seq[blocks] == places].tolist()]
+        queued = [b for blocks, first_place in self._runs for b in self._live_entries(blocks, first_place).tolist()]
         return [*range(self._next_unused, self.num_blocks), *queued]

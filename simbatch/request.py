@@ -69,7 +69,8 @@ class Request:
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
-    # Empty ones are the shared (): a million requests need no million empty lists.
+    # Empty ones are the shared (): a million requests need no million empty lists. A list, or an
+    # int64 array for one that started from a cached prefix (simbatch.kv writes them, nobody else).
     block_ids: Sequence[int] = ()
     host_block_ids: Sequence[int] = ()  # on the host, after a swap preemption
     admitted_seq: int = -1  # order of the latest admission into RUNNING; the newest is the LIFO victim

@@ -54,6 +54,19 @@ def test_a_cached_block_stays_findable_while_free_and_is_evicted_from_the_queue_
     assert pool.num_free == 0 and pool.allocate(1) is None and pool.ref_counts()[0] == 1
 
 
+def test_one_off_requests_leave_no_index_behind():
+    """Each request on a stream of its own is indexed under a new stream; once its blocks are evicted
+    the stream is forgotten (within a doubling of the index), so the index stays bounded however many
+    one-off requests pass, while the live streams stay findable."""
+    pool = CachingBlockPool(16)
+    for n in range(2_000):
+        pool.free(computed(pool, req(n, 8, 1), 8).block_ids)  # 2 blocks, published, freed: cached
+        assert pool.num_streams <= 2 * 16 + 64 + 1
+    # The last 8 requests' blocks are still cached (16 blocks, 2 each), and found.
+    assert sorted(stream for stream, _ in pool.cached) == sorted(2 * [-2 - n for n in range(1_992, 2_000)])
+    assert pool.lookup(req(1_999, 9, 1), 4).tolist() == [pool.cached[(-2 - 1_999, 0)], pool.cached[(-2 - 1_999, 1)]]
+
+
 def test_a_shared_block_returns_to_the_queue_with_its_last_holder():
     pool = CachingBlockPool(2)
     [b] = computed(pool, with_system_prompt(req(0, 5, 1), 4), 4).block_ids
@@ -159,7 +172,7 @@ def test_the_array_pool_keeps_the_plain_rules_through_thousands_of_turns(seed, n
             request = req(n, int(rng.integers(1, max_prompt)), 1)
             request.prefix_stream = int(rng.integers(3))
             request.shared_prefix_tokens = int(rng.choice([0, 8]))
-            hits = pool.lookup(request, block_size)
+            hits = pool.lookup(request, block_size).tolist()
             assert hits == plain.lookup(request, block_size)
             new = -(-request.prompt_tokens // block_size) - len(hits)
             if new + pool.num_evictable(hits) > pool.num_free:  # touching takes the free hits off the queue
@@ -194,9 +207,9 @@ def test_a_lookup_never_covers_the_last_known_token():
     first.num_computed_tokens = 8
     kv.release(first)  # publishes both full blocks of the system prompt
     exact = with_system_prompt(req(1, 8, 1), 8)
-    assert kv.cached_prefix(exact) == [0]  # 8 known tokens: the block of token 8 is computed again
+    assert kv.cached_prefix(exact).tolist() == [0]  # 8 known tokens: the block of token 8 is computed again
     longer = with_system_prompt(req(2, 9, 1), 8)
-    assert kv.cached_prefix(longer) == [0, 1]
+    assert kv.cached_prefix(longer).tolist() == [0, 1]
     # A new block, and both cached ones leave the free queue: 3 of the 16 free.
     assert kv.fits(longer, [0, 1], 1)
     kv.allocate_slots(req(3, 52, 1), 52)  # 13 blocks: 3 left free, of them the 2 cached
@@ -215,7 +228,7 @@ def test_a_second_request_skips_the_system_prompt_the_first_computed():
     plan, _ = d.run()
     # The first decodes token 11; the second finds 8 tokens cached and prefills only 2.
     assert tokens(plan) == {0: 1, 1: 2} and plan.prefill_tokens == 2
-    assert second.num_cached_tokens == 8 and second.block_ids[:2] == first.block_ids[:2]
+    assert second.num_cached_tokens == 8 and list(second.block_ids[:2]) == list(first.block_ids[:2])
     assert d.sched.kv.device.ref_counts()[first.block_ids[0]] == 2
     while d.sched.running:
         d.run()

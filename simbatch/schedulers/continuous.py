@@ -264,7 +264,7 @@ class ContinuousScheduler(BaseScheduler):
                 not req.swapped_blocks else ()
             n = self._chunk(req, len(hits) * kv.block_size)
             if n == 0 or full or not (
-                    kv.fits(req, hits, n) if hits else
+                    kv.fits(req, hits, n) if len(hits) else
                     blocks_for(req.num_computed_tokens + n, kv.block_size) <= kv.device.num_free):
                 if n and self.evicts_for_priority and self._evict_for(req, now, plan):
                     continue
@@ -275,7 +275,7 @@ class ContinuousScheduler(BaseScheduler):
                 passed_over.append(waiting.pop())
                 continue
             waiting.pop()
-            if hits:
+            if len(hits):
                 kv.use_cached(req, hits)
             if req.num_preemptions == 0:
                 req.num_cached_tokens = len(hits) * kv.block_size

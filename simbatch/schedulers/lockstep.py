@@ -174,7 +174,7 @@ class LockstepScheduler(ContinuousScheduler):
         own = blocks_for(computed + planned, bs) - len(req.block_ids)  # blocks the group took for it
         if own:
             held = self._group_block_ids
-            req.block_ids = [*req.block_ids, *held[-own:]]
+            self.kv.hand_over(req, held[-own:])
             del held[-own:]
         self._group_context -= counters[0] - self.clock
         del self._group[req]
