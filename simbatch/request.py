@@ -145,6 +145,16 @@ class Request:
         assert self.lockstep is None, "a lockstep member's counters belong to its scheduler"
         self._last_token_step = value
 
+    def leave_lockstep(self, steps: int, last_token_s: float, last_token_step: int) -> None:
+        """Out of its lockstep group after ``steps`` steps in it, the last ending at ``last_token_s``
+        (step ``last_token_step``): its counters stored as they read."""
+        self.lockstep = None
+        if steps:
+            self._computed += steps
+            self._generated += steps
+            self._last_token_s = last_token_s
+            self._last_token_step = last_token_step
+
     @property
     def remaining_tokens(self) -> int:
         """Known tokens not yet in the KV cache; 1 for a decoding request."""

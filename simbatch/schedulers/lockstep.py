@@ -163,23 +163,20 @@ class LockstepScheduler(ContinuousScheduler):
     def _leave(self, req: Request) -> None:
         """Out of the lockstep, its counters stored as they stand (its heap entry goes stale: see
         _retire_done)."""
-        bs = self.kv.block_size
+        bs, clock = self.kv.block_size, self.clock
         computed = req.num_computed_tokens
-        p = (self.clock - computed) % bs
+        p = (clock - computed) % bs
         self._phase[p] -= 1
         self._phase[p + bs] -= 1
         del self._phase_members[p][req]
-        counters = (computed, req.num_generated, req.last_token_s, req.last_token_step)
         planned = self._group_reserved and (self._granted_all or req in self._granted)
         own = blocks_for(computed + planned, bs) - len(req.block_ids)  # blocks the group took for it
         if own:
             held = self._group_block_ids
             self.kv.hand_over(req, held[-own:])
             del held[-own:]
-        self._group_context -= counters[0] - self.clock
-        del self._group[req]
-        req.lockstep = None
-        req.num_computed_tokens, req.num_generated, req.last_token_s, req.last_token_step = counters
+        self._group_context -= computed - clock
+        req.leave_lockstep(clock - self._group.pop(req), self.last_end_s, clock - 1)
 
     def _take_for_group(self, n: int) -> bool:
         """``n`` more blocks for the members, held by the group; False (and no change) if short."""
