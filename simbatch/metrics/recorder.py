@@ -224,8 +224,15 @@ class Recorder(Observer):
         """
         blocks = [*self._packed, np.array(self._rows, dtype=np.float64).reshape(-1, len(RUN_COLUMNS))]
         self._packed, self._rows = [], []
-        out = {}
-        for i, name in enumerate(RUN_COLUMNS):
-            dtype = np.float64 if name in FLOAT_COLUMNS else np.int64 if name in WIDE_COLUMNS else np.int32
-            out[name] = np.concatenate([b[:, i] for b in blocks]).astype(dtype, copy=False)
+        total = sum(len(b) for b in blocks)
+        out = {name: np.empty(total, np.float64 if name in FLOAT_COLUMNS else np.int64 if name in WIDE_COLUMNS
+                              else np.int32) for name in RUN_COLUMNS}
+        at = 0
+        blocks.reverse()
+        while blocks:  # oldest first, each block dropped once copied: the columns grow as the blocks go
+            block = blocks.pop()
+            for i, column in enumerate(out.values()):
+                column[at:at + len(block)] = block[:, i]
+            at += len(block)
+            del block
         return out
