@@ -83,12 +83,12 @@ def offered_load(name: str) -> float:
 
 def verdicts(r: dict) -> list[tuple[str, str, bool]]:
     b1, b3 = r["B1"], r.get("B3")
-    checks = [("B1 simulation <= 1 s", f"{b1['simulation_s']:.2f} s", b1["simulation_s"] <= 1.0),
+    checks = [("B1 simulation <= 0.45 s", f"{b1['simulation_s']:.2f} s", b1["simulation_s"] <= 0.45),
               ("B1 including frames <= 2 s", f"{b1['total_s']:.2f} s", b1["total_s"] <= 2.0)]
     if "B2" in r:
         b2 = r["B2"]
-        checks += [("B2 1M requests <= 60 s", f"{b2['total_s']:.1f} s", b2["total_s"] <= 60.0),
-                   ("B2 peak RSS <= 2 GB", f"{b2['peak_rss_mb']:.0f} MB", b2["peak_rss_mb"] <= 2048)]
+        checks += [("B2 1M requests, with frames <= 45 s", f"{b2['total_s']:.1f} s", b2["total_s"] <= 45.0),
+                   ("B2 peak RSS <= 0.8 GB", f"{b2['peak_rss_mb']:.0f} MB", b2["peak_rss_mb"] <= 800)]
     if b3:
         per1, per3 = b1["simulation_s"] / b1["requests"], b3["simulation_s"] / b3["requests"]
         ratios = paired_ratios(b3, b1, per_request=True)
@@ -102,7 +102,10 @@ def verdicts(r: dict) -> list[tuple[str, str, bool]]:
         if case in r:
             ratios = paired_ratios(r[case], b1)
             ratio = statistics.median(ratios)
-            checks.append((what, f"{ratio:.2f}x, rounds {ratios[0]:.2f}-{ratios[-1]:.2f}", ratio <= limit))
+            # Per simulated iteration too: a case's engine may take more, shorter steps than B1's.
+            per_iteration = ratio * b1["iterations"] / r[case]["iterations"]
+            checks.append((what, f"{ratio:.2f}x, rounds {ratios[0]:.2f}-{ratios[-1]:.2f} "
+                                 f"({per_iteration:.2f}x per iteration)", ratio <= limit))
     for mode in ("static", "dynamic"):
         key = f"B1-{mode}"
         if key in r:
