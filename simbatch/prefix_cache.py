@@ -36,7 +36,12 @@ def block_key(req: Request, index: int, block_size: int) -> tuple[int, int]:
     """
     if (index + 1) * block_size <= req.shared_prefix_tokens:
         return SYSTEM_PROMPT, index
-    return (req.prefix_stream if req.prefix_stream >= 0 else -2 - req.request_id), index
+    return own_stream(req), index
+
+
+def own_stream(req: Request) -> int:
+    """The stream of ``req``'s blocks past the system prompt (see :func:`block_key`)."""
+    return req.prefix_stream if req.prefix_stream >= 0 else -2 - req.request_id
 
 
 def _key(stream: int, position: int) -> int:
@@ -229,7 +234,7 @@ class CachingBlockPool(BlockPool):
             if len(hits) < system_blocks:
                 return hits.copy()
         if limit > system_blocks:
-            more = self._run(block_key(req, system_blocks, block_size)[0], system_blocks, limit)
+            more = self._run(own_stream(req), system_blocks, limit)
             return np.concatenate((hits, more)) if len(hits) else more.copy()
         return hits.copy()  # the caller's own, not a view of the index, which changes
 
@@ -258,7 +263,7 @@ class CachingBlockPool(BlockPool):
             self._offer(SYSTEM_PROMPT, start, min(stop, system_blocks), ids)
         if stop > system_blocks:
             start = max(start, system_blocks)
-            self._offer(block_key(req, start, block_size)[0], start, stop, ids)
+            self._offer(own_stream(req), start, stop, ids)
         req.num_published_blocks = stop
 
     def _offer(self, stream: int, start: int, stop: int, ids: Sequence[int] | np.ndarray) -> None:
