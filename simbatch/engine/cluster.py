@@ -55,11 +55,11 @@ def _stop_ns(max_time_s: float) -> int:
     return max(1, to_ns(max_time_s))
 
 
-def _chunked(column: np.ndarray, chunk: int = 65_536):
-    """A column's values as Python scalars (read one at a time, several times faster than NumPy's),
-    converted a chunk at a time: a million of them at once would hold hundreds of MB for the run."""
-    for start in range(0, len(column), chunk):
-        yield from column[start:start + chunk].tolist()
+def _chunked(*columns: np.ndarray, chunk: int = 65_536):
+    """The columns' rows as tuples of Python scalars (read one at a time, several times faster than
+    NumPy's), converted a chunk at a time: a million of them at once would hold hundreds of MB for the run."""
+    for start in range(0, len(columns[0]), chunk):
+        yield from zip(*(column[start:start + chunk].tolist() for column in columns), strict=True)
 
 
 class Engine:
@@ -117,7 +117,7 @@ class Engine:
         refreshed at some polling period. Cost: one event and one snapshot of N replicas per arrival.
         """
         env, delay_ns = self.env, to_ns(self.scenario.cluster.signal_delay_s)
-        for t in _chunked(self._arrival_ns):
+        for (t,) in _chunked(self._arrival_ns):
             if t - delay_ns > env.now:
                 yield Urgent(env, t - delay_ns - env.now)
             self._views.append(tuple(Load.of(r) for r in self.replicas))
@@ -134,9 +134,8 @@ class Engine:
         env, wl, rec, sc = self.env, self.workload, self.recorder, self.scenario
         max_waiting, max_in_flight = sc.scheduler.max_waiting, sc.cluster.max_in_flight
         replicas, entry, views, observers = self.replicas, self.entry, self._views, self.observers
-        rows = zip(_chunked(self._arrival_ns), _chunked(wl.arrival_s), _chunked(wl.prompt_tokens),
-                   _chunked(wl.output_tokens), _chunked(wl.tenant), _chunked(wl.priority),
-                   _chunked(wl.prefix_stream), _chunked(wl.shared_prefix_tokens), strict=True)
+        rows = _chunked(self._arrival_ns, wl.arrival_s, wl.prompt_tokens, wl.output_tokens, wl.tenant,
+                        wl.priority, wl.prefix_stream, wl.shared_prefix_tokens)
         single = len(entry) == 1 and views is None
         lone = self._lone  # told when each request will arrive
         client = self.client
