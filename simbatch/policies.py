@@ -28,11 +28,13 @@ import heapq
 from collections import deque
 from collections.abc import Callable, Iterator
 from itertools import chain
+from operator import itemgetter
 
 from simbatch.config import Scheduler
 from simbatch.request import Request
 
 Key = Callable[[Request], tuple]
+_second = itemgetter(1)  # the request of a (key, request) entry
 
 
 def waiting_key(cfg: Scheduler) -> Key:
@@ -78,7 +80,7 @@ class WaitingQueue:
 
     def __iter__(self) -> Iterator[Request]:
         """Requests in no particular order (for invariant checks and snapshots)."""
-        return (r for _, r in chain(self._ordered, self._heap))
+        return map(_second, chain(self._ordered, self._heap))
 
     def push(self, req: Request) -> None:
         entry = (self._key(req), req)

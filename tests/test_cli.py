@@ -165,7 +165,8 @@ def test_quiet_run_with_mode_and_seed_into_an_empty_folder(tmp_path, monkeypatch
 
 def test_default_folder_is_results_name_timestamp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    result = invoke("run", SCENARIOS / "stable.yaml", "--set", "workload.num_requests=5", "-q")
+    # --no-plots: the folder's name is the point here (plots cost a second; the other runs here draw them).
+    result = invoke("run", SCENARIOS / "stable.yaml", "--set", "workload.num_requests=5", "-q", "--no-plots")
     assert result.exit_code == 0, result.stderr
     folder = Path(result.stdout.strip())
     assert re.fullmatch(r"results/stable/\d{8}-\d{6}", folder.as_posix())
@@ -206,7 +207,8 @@ def test_parquet_twins_when_pyarrow_is_importable(tmp_path, monkeypatch):
                         or Path(path).write_bytes(b"PAR1"))
     monkeypatch.setattr(results, "parquet_available", lambda: True)
     out = tmp_path / "with"
-    assert invoke("run", SCENARIOS / "stable.yaml", "--set", "workload.num_requests=5", "-q", "--out", out).exit_code == 0
+    assert invoke("run", SCENARIOS / "stable.yaml", "--set", "workload.num_requests=5", "-q", "--no-plots",
+                  "--out", out).exit_code == 0  # the frames' twins only: no plots needed
     assert sorted(written) == ["iterations.parquet", "requests.parquet", "stall_gaps.parquet"]
     assert {p.name for p in out.glob("*.parquet")} == set(written)
 
@@ -270,7 +272,9 @@ def test_compare_heavy_tail_continuous_beats_static(tmp_path):
 
 def test_compare_defaults_to_every_mode(tmp_path):
     out = tmp_path / "all"
-    result = invoke("compare", SCENARIOS / "heavy_tail.yaml", "--set", "workload.num_requests=20", "--out", out)
+    # --no-plots: which modes ran is the point (the comparison above draws the plots).
+    result = invoke("compare", SCENARIOS / "heavy_tail.yaml", "--set", "workload.num_requests=20", "--no-plots",
+                    "--out", out)
     assert result.exit_code == 0, result.stderr
     assert {"static", "dynamic", "continuous"} <= {p.name for p in out.iterdir()}
     assert result.stdout.count("L (time-averaged") == 3
@@ -330,7 +334,7 @@ def test_capacity_agrees_with_a_saturated_run(tmp_path):
         "batching": {"max_num_seqs": 64}})
     predicted = capacity_rows(invoke("capacity", scenario).stdout)[64][1]
     out = tmp_path / "out"
-    assert invoke("run", scenario, "--out", out, "-q").exit_code == 0
+    assert invoke("run", scenario, "--out", out, "-q", "--no-plots").exit_code == 0  # the summary is what counts
     measured = json.loads((out / "summary.json").read_text())["output_throughput"]
     assert measured == pytest.approx(predicted, rel=0.01)
     # rate: inf survives the trip through resolved_config.json (JSON has no infinity of its own).

@@ -13,7 +13,8 @@ import math
 
 import numpy as np
 import pandas as pd
-from builders import make_scenario
+import pytest
+from builders import Driver, make_scenario, req
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -203,3 +204,67 @@ def test_invariants_hold_under_memory_pressure(sc):
 @given(sc=scenarios(priority_swap=True))
 def test_invariants_hold_under_priority_eviction_with_swap_and_a_preemption_cap(sc):
     check_run(sc)
+
+
+def _two_decoding_one_waiting(fast_forward: bool):
+    """Two requests decoding in the two slots (a lockstep group when fast-forwarded), a third waiting."""
+    d = Driver(make_scenario(batching__max_num_seqs=2, kv_cache__swap_blocks=8, sim__fast_forward=fast_forward))
+    d.add(req(0, 6, 20), req(1, 6, 20), req(2, 6, 20))
+    for _ in range(3):
+        d.run()
+    running, (waiting,) = d.sched.running, list(d.sched.waiting)
+    assert len(running) == 2 and all(r.num_generated > 1 for r in running)
+    return d.sched, running, waiting
+
+
+def _corruptions(fast_forward: bool) -> list:
+    """Ways to break a scheduler's pools or blocks, each with the complaint it must raise."""
+    def two_pools(s, running, waiting):
+        s.waiting.push(running[0])
+
+    def waiting_holds_a_block(s, running, waiting):
+        waiting.block_ids = s.kv.device.allocate(1)
+
+    def running_not_running(s, running, waiting):
+        running[0].status = waiting.status
+
+    def leaked_block(s, running, waiting):
+        s.kv.device.allocate(1)
+
+    def host_block_from_nowhere(s, running, waiting):
+        waiting.host_block_ids = [0]
+
+    cases = [(two_pools, "a request is in two pools"), (waiting_holds_a_block, "waiting request holds blocks"),
+             (running_not_running, "running pool holds a non-running request"),
+             (leaked_block, "device blocks not conserved"), (host_block_from_nowhere, "host blocks not conserved")]
+    if fast_forward:
+        def group_context(s, running, waiting):
+            s._group_context += 1
+
+        def group_holds_an_extra_block(s, running, waiting):
+            s._group_block_ids += s.kv.device.allocate(1)
+
+        def waiting_in_the_group(s, running, waiting):
+            waiting.lockstep = s  # its blocks would be held by the group
+
+        cases += [(group_context, "lockstep group context drifted"),
+                  (group_holds_an_extra_block, "block counts disagree with the blocks held"),
+                  (waiting_in_the_group, "waiting request holds blocks")]
+    else:
+        def prefilling(s, running, waiting):
+            s._prefilling[running[0]] = None
+
+        cases.append((prefilling, "prefilling set drifted"))
+    return cases
+
+
+@pytest.mark.parametrize("fast_forward", [False, True], ids=["stepped", "lockstep"])
+def test_the_step_checks_catch_each_broken_invariant(fast_forward):
+    """check_invariants runs at every step of the tests above: each corruption it exists to catch,
+    made on purpose, raises its own complaint (and the untouched state passes)."""
+    for corrupt, complaint in _corruptions(fast_forward):
+        sched, running, waiting = _two_decoding_one_waiting(fast_forward)
+        sched.check_invariants()
+        corrupt(sched, running, waiting)
+        with pytest.raises(AssertionError, match=complaint):
+            sched.check_invariants()

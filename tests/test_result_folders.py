@@ -23,9 +23,20 @@ from simbatch.text import printable, spreadsheet_safe
 
 @pytest.fixture(autouse=True)
 def _no_parquet_no_plots(monkeypatch):
-    """These tests are about folders and numbers; drawing is a second a run, and tested on its own."""
+    """These tests are about folders and numbers; drawing is a second a run, and tested on its own
+    (the plots in test_plots_*, the report in test_webreport): here the report is an empty file."""
     monkeypatch.setattr(results, "parquet_available", lambda: False)
     monkeypatch.setattr(results.plots, "save_run_plots", lambda folder, result: [])
+    monkeypatch.setattr(results, "write_report", lambda path, runs, title: path.write_text(""))
+
+
+DRAW_REPORT = results.write_report
+
+
+@pytest.fixture
+def drawn_report(monkeypatch):
+    """The real report, for the runs with hostile names: those must come out of it drawn too."""
+    monkeypatch.setattr(results, "write_report", DRAW_REPORT)
 
 
 def _run(*args) -> None:
@@ -72,7 +83,7 @@ def test_a_name_is_a_label_never_a_path(name, folder):
     assert safe_name(name) == folder
 
 
-def test_a_hostile_name_stays_under_results(tmp_path, monkeypatch):
+def test_a_hostile_name_stays_under_results(tmp_path, monkeypatch, drawn_report):
     monkeypatch.chdir(tmp_path)
     write_scenario(tmp_path / "s.yaml", {"name": "../../escape", "workload": {"num_requests": 3}})
     result = invoke("run", tmp_path / "s.yaml", "-q")
@@ -113,7 +124,7 @@ def test_out_is_tried_before_simulating(tmp_path):
     assert result.exit_code == 2 and "not a writable folder" in result.stderr and result.stdout == ""
 
 
-def test_names_cannot_inject_formulas_or_terminal_codes(tmp_path):
+def test_names_cannot_inject_formulas_or_terminal_codes(tmp_path, drawn_report):
     hostile = ['=HYPERLINK("http://x","y")', "evil\x1b[2J\nname"]
     write_scenario(tmp_path / "s.yaml", {
         "name": "inject", "workload": {"num_requests": 20, "classes": [{"name": n} for n in hostile]}})

@@ -334,11 +334,13 @@ def tenant_summary(requests: pd.DataFrame, duration_s: float) -> dict[str, float
     if len(tenants) < 2:
         return {}
     out: dict[str, float] = {}
-    done = requests[requests["status"] == OUTCOMES[Outcome.FINISHED]]
+    done = (requests["status"] == OUTCOMES[Outcome.FINISHED]).to_numpy()
+    # Arrays, not sub-frames: a filtered copy of every column per tenant cost more than the statistics.
+    tenant_of, ttft_s, e2e_s = (requests[c].to_numpy()[done] for c in ("tenant", "ttft_s", "e2e_s"))
     for tenant in tenants:
-        mine = done[done["tenant"] == tenant]
-        ttft, e2el = describe_ms("ttft", mine["ttft_s"].to_numpy()), describe_ms("e2el", mine["e2e_s"].to_numpy())
-        out[f"tenant_{tenant}_request_throughput"] = len(mine) / duration_s if duration_s > 0 else math.nan
+        mine = tenant_of == tenant
+        ttft, e2el = describe_ms("ttft", ttft_s[mine]), describe_ms("e2el", e2e_s[mine])
+        out[f"tenant_{tenant}_request_throughput"] = int(mine.sum()) / duration_s if duration_s > 0 else math.nan
         out[f"tenant_{tenant}_mean_ttft_ms"] = ttft["mean_ttft_ms"]
         out[f"tenant_{tenant}_p99_ttft_ms"] = ttft["p99_ttft_ms"]
         out[f"tenant_{tenant}_mean_e2el_ms"] = e2el["mean_e2el_ms"]

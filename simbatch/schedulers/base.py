@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from operator import attrgetter
 
 from simbatch.config import Scenario
 from simbatch.kv import KVCacheManager
@@ -184,11 +185,21 @@ class BaseScheduler(ABC):
         return []
 
     def check_invariants(self) -> None:
-        """Raise AssertionError if the pools or the block accounting are inconsistent."""
-        waiting = list(self.waiting)
-        ids = [r.request_id for r in waiting] + [r.request_id for r in self.running]
-        assert len(ids) == len(set(ids)), "a request is in two pools"
-        assert all(r.status is WAITING and r.blocks == 0 for r in waiting), "waiting request holds blocks"
-        assert all(r.status is RUNNING for r in self.running), "running pool holds a non-running request"
+        """Raise AssertionError if the pools or the block accounting are inconsistent.
+
+        Tests run this at every step, so each check is one builtin pass (``map`` over an attribute
+        getter, a set) rather than a Python loop: the same checks, at a fraction of the cost."""
+        waiting, running = list(self.waiting), self.running
+        ids = set(map(_request_id, waiting))
+        ids.update(map(_request_id, running))
+        assert len(ids) == len(waiting) + len(running), "a request is in two pools"
+        # No device blocks: none listed and none held for it by a lockstep group (it is in none).
+        assert set(map(_status, waiting)) <= {WAITING} and not any(map(_block_ids, waiting)) \
+            and not any(map(_lockstep, waiting)), "waiting request holds blocks"
+        assert set(map(_status, running)) <= {RUNNING}, "running pool holds a non-running request"
         self.kv.check_conservation(self._block_holders(), waiting, self._blocks_held_for_members())
         assert len(self.running) <= self.scenario.batching.max_num_seqs, "more running than max_num_seqs"
+
+
+_request_id, _status = attrgetter("request_id"), attrgetter("status")
+_block_ids, _lockstep = attrgetter("block_ids"), attrgetter("lockstep")

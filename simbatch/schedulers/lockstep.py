@@ -26,7 +26,7 @@ rules one request at a time, and ``repeatable_steps`` is 1 (a plan without a gro
 from __future__ import annotations
 
 import heapq
-from operator import mul
+from operator import attrgetter, mul
 
 from simbatch.config import Scenario
 from simbatch.kv import KVCacheManager, blocks_for
@@ -202,9 +202,10 @@ class LockstepScheduler(ContinuousScheduler):
 
     def check_invariants(self) -> None:
         super().check_invariants()
-        assert all(r in self.running and not r.prefill_pending for r in self._group), "lockstep group drifted"
-        assert self._group_context + len(self._group) * self.clock == \
-            sum(r.num_computed_tokens for r in self._group), "lockstep group context drifted"
+        group = self._group
+        assert group.keys() <= set(self.running) and not any(map(_prefill_pending, group)), "lockstep group drifted"
+        assert self._group_context + len(group) * self.clock == sum(map(_num_computed_tokens, group)), \
+            "lockstep group context drifted"
 
     def _drop_stale(self) -> None:
         done, group = self._done, self._group
@@ -319,3 +320,6 @@ class LockstepScheduler(ContinuousScheduler):
         elif outcome.finished:
             self._drop_finished(outcome.finished)
         return outcome
+
+
+_prefill_pending, _num_computed_tokens = attrgetter("prefill_pending"), attrgetter("num_computed_tokens")
