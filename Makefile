@@ -24,9 +24,12 @@ lint: install
 # one process. `make validate` stays in one: its report is written from the whole session (it spreads
 # its replications over a process pool itself).
 TEST_WORKERS ?= 2
+# The workers, notebook kernels and CLI subprocesses import the same modules: byte-code caches (in the
+# ignored __pycache__ folders) let all but the first skip compiling them, even where the environment
+# sets PYTHONDONTWRITEBYTECODE.
 
 test: install lint
-	$(BIN)/python -m pytest -n $(TEST_WORKERS)
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n $(TEST_WORKERS)
 
 validate: install
 	SIMBATCH_VALIDATION=full $(BIN)/python -m pytest tests/validation -m validation
