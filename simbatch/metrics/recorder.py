@@ -59,6 +59,8 @@ RUN_COLUMNS = ("replica", "start_s", "num_steps", "duration_s", *SHAPE_COLUMNS, 
 FLOAT_COLUMNS = frozenset({"start_s", "duration_s"})
 # Sums over a run's steps can pass 2**31; every other count fits in 32 bits (a step's tokens, a pool).
 WIDE_COLUMNS = frozenset({"num_steps", "kv_blocks_sum"})
+_RUN_DTYPES = tuple(np.float64 if name in FLOAT_COLUMNS else np.int64 if name in WIDE_COLUMNS else np.int32
+                    for name in RUN_COLUMNS)
 _PACK_ROWS = 65_536  # closed runs kept as tuples until this many, then packed into one float array
 
 
@@ -92,10 +94,11 @@ class Recorder(Observer):
         self.area_waiting = 0.0
         # Iteration runs: one open run per replica, closed runs as rows.
         self._open: list[_OpenRun | None] = [None] * num_replicas
-        # Closed runs: recent ones as tuples, older ones packed into float64 blocks (integers below
-        # 2**53 are exact), so millions of rows cost neither millions of objects nor slow appends.
+        # Closed runs: recent ones as tuples, older ones packed a block of rows at a time into one
+        # array per column, of its final type, so millions of rows cost neither millions of objects
+        # nor slow appends, and the frame's columns are the blocks' concatenations.
         self._rows: list[tuple] = []
-        self._packed: list[np.ndarray] = []
+        self._packed: list[list[np.ndarray]] = []
         self.stall_gaps_s: list[float] = []
         # Per-request outcomes.
         n = num_requests
@@ -212,27 +215,25 @@ class Recorder(Observer):
     def _close_run(self, run: _OpenRun) -> None:
         self._rows.append(run.row())
         if len(self._rows) >= _PACK_ROWS:
-            self._packed.append(np.array(self._rows, dtype=np.float64))
-            self._rows = []
+            self._pack()
+
+    def _pack(self) -> None:
+        # Through float64, where the integers are exact (below 2**53), then each column to its type.
+        block = np.array(self._rows, dtype=np.float64).reshape(-1, len(RUN_COLUMNS))
+        self._packed.append([block[:, i].astype(dtype) for i, dtype in enumerate(_RUN_DTYPES)])
+        self._rows = []
 
     def take_runs(self) -> dict[str, np.ndarray]:
         """Every closed run, column by column (call after ``close``), handing the rows over: the
         recorder keeps none, so at the end of a long run the rows and the frame never both stand whole.
 
-        Counts are int32 (sums over a run's steps int64), times float64, each column built straight
-        from the packed blocks.
+        Counts are int32 (sums over a run's steps int64), times float64.
         """
-        blocks = [*self._packed, np.array(self._rows, dtype=np.float64).reshape(-1, len(RUN_COLUMNS))]
-        self._packed, self._rows = [], []
-        total = sum(len(b) for b in blocks)
-        out = {name: np.empty(total, np.float64 if name in FLOAT_COLUMNS else np.int64 if name in WIDE_COLUMNS
-                              else np.int32) for name in RUN_COLUMNS}
-        at = 0
-        blocks.reverse()
-        while blocks:  # oldest first, each block dropped once copied: the columns grow as the blocks go
-            block = blocks.pop()
-            for i, column in enumerate(out.values()):
-                column[at:at + len(block)] = block[:, i]
-            at += len(block)
-            del block
+        self._pack()
+        blocks, self._packed = self._packed, []
+        out = {}
+        for i, name in enumerate(RUN_COLUMNS):
+            out[name] = np.concatenate([block[i] for block in blocks])
+            for block in blocks:  # each column's blocks dropped once joined: the frame grows as they go
+                block[i] = None
         return out
