@@ -152,7 +152,8 @@ class AcceleratedReplica(Replica):
                 self._run_ctx = None
                 outcome = sched.finish_steps(plan, n, end / NS_PER_S, self.step)
             self.step += n
-            self._finished(outcome, end / NS_PER_S)
+            if outcome.finished or outcome.stall_gaps_s:
+                self._finished(outcome, end / NS_PER_S)
             contiguous, now = True, end
 
     def stop(self, at_ns: int) -> None:

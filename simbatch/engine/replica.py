@@ -124,9 +124,10 @@ class Replica:
         if plan.num_preempted or plan.num_admitted:
             self.recorder.waiting_change(now_s, plan.num_preempted - plan.num_admitted)
         # itl_tokens: every decode is one step after its previous token, until finish_step says otherwise.
-        return StepShape(len(sched.running), len(sched.waiting), plan.batch_size,
-                         plan.decode_seqs + plan.draft_tokens, plan.prefill_tokens, plan.padded_tokens, plan.decode_seqs,
-                         plan.num_preempted, plan.swap_blocks)
+        # Built as the tuple it is: StepShape's generated __new__ is a Python call, and this runs per plan.
+        return tuple.__new__(StepShape, (len(sched.running), len(sched.waiting), plan.batch_size,
+                                         plan.decode_seqs + plan.draft_tokens, plan.prefill_tokens,
+                                         plan.padded_tokens, plan.decode_seqs, plan.num_preempted, plan.swap_blocks))
 
     def _observed(self, start_s: float, step_s: float, count: int, plan: StepPlan, done: bool = True) -> None:
         for o in self.step_observers:

@@ -209,7 +209,10 @@ class Recorder(Observer):
                 run.kv_blocks_sum += kv_blocks_sum
                 run.busy_ns += busy_ns
                 return
-            self._close_run(run)
+            self._close_run(run)  # its row is taken: the object starts the next run
+            run.start_s, run.num_steps, run.shape, run.kv_blocks_sum, run.busy_ns = \
+                start_s, count, shape, kv_blocks_sum, busy_ns
+            return
         self._open[replica] = _OpenRun(replica, start_s, count, shape, kv_blocks_sum, busy_ns)
 
     def _close_run(self, run: _OpenRun) -> None:
