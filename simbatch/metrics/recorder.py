@@ -20,6 +20,7 @@ rejections, completions), and the engine hands it two things only it keeps: each
 from __future__ import annotations
 
 import math
+from itertools import chain
 from typing import NamedTuple
 
 import numpy as np
@@ -222,7 +223,8 @@ class Recorder(Observer):
 
     def _pack(self) -> None:
         # Through float64, where the integers are exact (below 2**53), then each column to its type.
-        block = np.array(self._rows, dtype=np.float64).reshape(-1, len(RUN_COLUMNS))
+        width = len(RUN_COLUMNS)
+        block = np.fromiter(chain.from_iterable(self._rows), np.float64, len(self._rows) * width).reshape(-1, width)
         self._packed.append([block[:, i].astype(dtype) for i, dtype in enumerate(_RUN_DTYPES)])
         self._rows = []
 
