@@ -48,7 +48,8 @@ def snap_s(seconds: np.ndarray) -> np.ndarray:
 
 def step_ns(duration_ms: float) -> int:
     """A step's duration on the grid: the nearest nanosecond, and at least one."""
-    return max(1, int(duration_ms * 1_000_000 + 0.5))  # durations are >= 0: int(x + 0.5) rounds
+    ns = int(duration_ms * 1_000_000 + 0.5)  # durations are >= 0: int(x + 0.5) rounds
+    return ns if ns > 0 else 1
 
 
 # SimPy priorities after NORMAL (1), for the phases of an instant when a client sends on completions:

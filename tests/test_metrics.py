@@ -8,12 +8,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 from builders import make_scenario, spaced
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simbatch import simulate
+from simbatch.metrics import recorder
 from simbatch.metrics.stats import describe_ms, weighted_mean_std, weighted_quantile
 
 SAMPLES = st.lists(st.tuples(st.floats(-1e6, 1e6, allow_nan=False), st.integers(0, 6)), min_size=1, max_size=30)
@@ -87,6 +89,19 @@ def test_request_frame_derives_ttft_tpot_e2e_from_timestamps():
     assert np.allclose(done.loc[many, "tpot_s"],
                        (done.loc[many, "e2e_s"] - done.loc[many, "ttft_s"]) / (done.loc[many, "output_tokens"] - 1))
     assert done.loc[~many, "tpot_s"].isna().all() and (~many).any()
+
+
+def test_the_iterations_frame_is_the_same_however_its_rows_were_packed(monkeypatch):
+    """The recorder packs closed runs into typed columns a block of rows at a time: blocks of three
+    rows (a remainder at the end) give the frame that one block gives, column for column and dtype."""
+    sc = make_scenario(workload__num_requests=40, workload__arrival__rate=30.0,
+                       workload__prompt_tokens={"dist": "uniform", "low": 1, "high": 40},
+                       workload__output_tokens={"dist": "uniform", "low": 1, "high": 30}, kv_cache__num_blocks=40)
+    whole = simulate(sc).iterations
+    monkeypatch.setattr(recorder, "_PACK_VALUES", 3 * len(recorder.RUN_COLUMNS))
+    packed = simulate(sc).iterations
+    assert len(whole) > 10 and len(whole) % 3
+    pd.testing.assert_frame_equal(packed, whole, check_exact=True)
 
 
 def test_itl_covers_every_token_gap_including_stalls():

@@ -20,7 +20,6 @@ rejections, completions), and the engine hands it two things only it keeps: each
 from __future__ import annotations
 
 import math
-from itertools import chain
 from typing import NamedTuple
 
 import numpy as np
@@ -62,7 +61,7 @@ FLOAT_COLUMNS = frozenset({"start_s", "duration_s"})
 WIDE_COLUMNS = frozenset({"num_steps", "kv_blocks_sum"})
 _RUN_DTYPES = tuple(np.float64 if name in FLOAT_COLUMNS else np.int64 if name in WIDE_COLUMNS else np.int32
                     for name in RUN_COLUMNS)
-_PACK_ROWS = 65_536  # closed runs kept as tuples until this many, then packed into one float array
+_PACK_VALUES = 65_536 * len(RUN_COLUMNS)  # closed runs kept as Python values for this many rows, then packed
 
 
 class _OpenRun:
@@ -75,11 +74,13 @@ class _OpenRun:
         self.replica, self.start_s, self.num_steps = replica, start_s, num_steps
         self.shape, self.kv_blocks_sum, self.busy_ns = shape, kv_blocks_sum, busy_ns
 
-    def row(self) -> tuple:
-        """The run as a row of the iterations frame, in ``RUN_COLUMNS`` order; ``duration_s`` is the
-        mean of its steps' durations (exact when they are equal: ``busy_ns`` is a multiple of the count)."""
-        return (self.replica, self.start_s, self.num_steps, self.busy_ns / self.num_steps / NS_PER_S, *self.shape,
-                self.kv_blocks_sum)
+    def add_row(self, rows: list) -> None:
+        """Append the run to ``rows`` as a row of the iterations frame, value by value in ``RUN_COLUMNS``
+        order (a flat list: no tuple per row); ``duration_s`` is the mean of its steps' durations (exact
+        when they are equal: ``busy_ns`` is a multiple of the count)."""
+        rows += (self.replica, self.start_s, self.num_steps, self.busy_ns / self.num_steps / NS_PER_S)
+        rows += self.shape
+        rows.append(self.kv_blocks_sum)
 
 
 class Recorder(Observer):
@@ -98,7 +99,7 @@ class Recorder(Observer):
         # Closed runs: recent ones as tuples, older ones packed a block of rows at a time into one
         # array per column, of its final type, so millions of rows cost neither millions of objects
         # nor slow appends, and the frame's columns are the blocks' concatenations.
-        self._rows: list[tuple] = []
+        self._rows: list[int | float] = []  # flat: RUN_COLUMNS values, row after row
         self._packed: list[list[np.ndarray]] = []
         self.stall_gaps_s: list[float] = []
         # Per-request outcomes.
@@ -217,14 +218,14 @@ class Recorder(Observer):
         self._open[replica] = _OpenRun(replica, start_s, count, shape, kv_blocks_sum, busy_ns)
 
     def _close_run(self, run: _OpenRun) -> None:
-        self._rows.append(run.row())
-        if len(self._rows) >= _PACK_ROWS:
+        run.add_row(self._rows)
+        if len(self._rows) >= _PACK_VALUES:
             self._pack()
 
     def _pack(self) -> None:
         # Through float64, where the integers are exact (below 2**53), then each column to its type.
         width = len(RUN_COLUMNS)
-        block = np.fromiter(chain.from_iterable(self._rows), np.float64, len(self._rows) * width).reshape(-1, width)
+        block = np.fromiter(self._rows, np.float64, len(self._rows)).reshape(-1, width)
         self._packed.append([block[:, i].astype(dtype) for i, dtype in enumerate(_RUN_DTYPES)])
         self._rows = []
 
