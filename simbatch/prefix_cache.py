@@ -34,9 +34,12 @@ def block_key(req: Request, index: int, block_size: int) -> tuple[int, int]:
     it), or one stream's block at one position (simbatch.workload.prefix). A request on a stream of
     its own gets a stream no other has (-2 - its id).
     """
-    if (index + 1) * block_size <= req.shared_prefix_tokens:
-        return SYSTEM_PROMPT, index
-    return own_stream(req), index
+    return (SYSTEM_PROMPT if index < system_blocks(req, block_size) else own_stream(req)), index
+
+
+def system_blocks(req: Request, block_size: int) -> int:
+    """How many of ``req``'s first blocks lie wholly inside the shared system prompt."""
+    return req.shared_prefix_tokens // block_size
 
 
 def own_stream(req: Request) -> int:
@@ -227,14 +230,14 @@ class CachingBlockPool(BlockPool):
         """The cached blocks holding ``req``'s known tokens from the first, up to the first miss, and
         short of the block of its last known token (see :class:`~simbatch.kv.KVCacheManager`)."""
         limit = (req.prompt_tokens + req.num_generated - 1) // block_size
-        system_blocks = min(req.shared_prefix_tokens // block_size, limit)
+        system = min(system_blocks(req, block_size), limit)
         hits = _NO_BLOCKS
-        if system_blocks:
-            hits = self._run(SYSTEM_PROMPT, 0, system_blocks)
-            if len(hits) < system_blocks:
+        if system:
+            hits = self._run(SYSTEM_PROMPT, 0, system)
+            if len(hits) < system:
                 return hits.copy()
-        if limit > system_blocks:
-            more = self._run(own_stream(req), system_blocks, limit)
+        if limit > system:
+            more = self._run(own_stream(req), system, limit)
             return np.concatenate((hits, more)) if len(hits) else more.copy()
         return hits.copy()  # the caller's own, not a view of the index, which changes
 
@@ -258,12 +261,11 @@ class CachingBlockPool(BlockPool):
         start = req.num_published_blocks
         if start >= stop:
             return
-        system_blocks = req.shared_prefix_tokens // block_size
-        if start < system_blocks:
-            self._offer(SYSTEM_PROMPT, start, min(stop, system_blocks), ids)
-        if stop > system_blocks:
-            start = max(start, system_blocks)
-            self._offer(own_stream(req), start, stop, ids)
+        system = system_blocks(req, block_size)
+        if start < system:
+            self._offer(SYSTEM_PROMPT, start, min(stop, system), ids)
+        if stop > system:
+            self._offer(own_stream(req), max(start, system), stop, ids)
         req.num_published_blocks = stop
 
     def _offer(self, stream: int, start: int, stop: int, ids: Sequence[int] | np.ndarray) -> None:

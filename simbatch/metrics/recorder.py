@@ -96,8 +96,8 @@ class Recorder(Observer):
         self.area_waiting = 0.0
         # Iteration runs: one open run per replica, closed runs as rows.
         self._open: list[_OpenRun | None] = [None] * num_replicas
-        # Closed runs: recent ones as tuples, older ones packed a block of rows at a time into one
-        # array per column, of its final type, so millions of rows cost neither millions of objects
+        # Closed runs: recent ones as plain values, older ones packed a block of rows at a time into
+        # one array per column, of its final type, so millions of rows cost neither millions of objects
         # nor slow appends, and the frame's columns are the blocks' concatenations.
         self._rows: list[int | float] = []  # flat: RUN_COLUMNS values, row after row
         self._packed: list[list[np.ndarray]] = []
