@@ -15,7 +15,6 @@ token: its logits must be computed, so at least one token is prefilled (vLLM doe
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 
 import numpy as np
@@ -70,6 +69,41 @@ def _array(ids: Sequence[int] | np.ndarray) -> np.ndarray:
     return ids if isinstance(ids, np.ndarray) else np.array(ids, dtype=np.int64)
 
 
+class _Index:
+    """One stream's index: at each position the block last cached there (``no_block``: none), a
+    hint, good while that block still has the key ``expected`` holds for the position.
+
+    The first ``system`` positions are the system prompt's, which every stream behind it shares: the
+    hints there point at its blocks, so that one look finds a conversation's whole cached prefix.
+    (``system`` is -1 once requests on the stream disagree on the system prompt's length: then the
+    index holds the stream's own blocks only.) From ``top`` on, no block was ever cached.
+    """
+
+    __slots__ = ("entries", "expected", "system", "top")
+
+    def __init__(self, stream: int, system: int, size: int, no_block: int):
+        self.entries = np.full(size, no_block, np.int64)
+        self.system, self.top = system, 0
+        self.expected = self._keys(stream, size)
+
+    def _keys(self, stream: int, size: int) -> np.ndarray:
+        keys = np.arange(_key(stream, 0), _key(stream, size))
+        if self.system > 0:
+            keys[:self.system] = np.arange(_key(SYSTEM_PROMPT, 0), _key(SYSTEM_PROMPT, self.system))
+        return keys
+
+    def grow(self, stream: int, size: int, no_block: int) -> None:
+        """Room for ``size`` positions at least (doubling, so growing costs O(1) a position)."""
+        grown = np.full(max(size, 2 * len(self.entries)), no_block, np.int64)
+        grown[:len(self.entries)] = self.entries
+        self.entries, self.expected = grown, self._keys(stream, len(grown))
+
+    def own_only(self, stream: int) -> None:
+        """Requests on the stream disagree on the system prompt: keep no hint to it from now on."""
+        self.system = -1
+        self.expected = self._keys(stream, len(self.entries))
+
+
 class CachingBlockPool(BlockPool):
     """A block pool whose blocks carry a reference count and, once published, a content key.
 
@@ -79,36 +113,61 @@ class CachingBlockPool(BlockPool):
 
     A conversation's turn shares hundreds of blocks, so the work is done on arrays, not block by
     block (but for a few blocks at a time, see ``_LOOP``). Each block has its key (:func:`_key`),
-    the truth. The index from keys to blocks is one array per stream: the block last cached at
-    each position. An entry is a hint, good while its block still has that key: evicting a block
-    only clears the block's key, and a lookup checks the hints it reads, up to the first that fails.
-    Each block's place in the free queue is a sequence number: the queue is a list of freed runs in
-    order, and a block taken back off it (touched, or freed again later) leaves a stale entry behind
-    that allocation skips.
+    the truth. The index from keys to blocks is one array per stream (:class:`_Index`): the block
+    last cached at each position. An entry is a hint, good while its block still has that key:
+    evicting a block only clears the block's key, and a lookup checks the hints it reads, up to the
+    first that fails. The free queue is one array of blocks in the order they were freed, each
+    block's place in it noted: a block taken back off the queue (touched, or freed again later)
+    leaves a stale entry behind, which allocation skips and a compaction drops.
     """
 
-    __slots__ = ("_streams", "_num_streams_kept", "_ref", "_key", "_queue_seq", "_runs", "_seq", "_num_queued")
+    __slots__ = ("_streams", "_num_streams_kept", "_ref", "_key", "_queue_seq", "_queue", "_head", "_tail")
 
-    COMPACT_SLACK = 1024  # stale queue entries tolerated beyond twice the pool
+    QUEUE_SLACK = 1024  # the queue holds up to 3 x num_blocks + QUEUE_SLACK entries, stale ones included
 
     def __init__(self, num_blocks: int):
         super().__init__(num_blocks)
-        self._streams: dict[int, np.ndarray] = {}  # stream -> the block cached at each position, or num_blocks
+        self._streams: dict[int, _Index] = {}
         self._num_streams_kept = 0  # streams after the last sweep (_forget_dead_streams)
         # Zero-filled arrays cost nothing until touched, as never-used blocks must.
         self._ref = np.zeros(num_blocks, np.int32)
         # One more key than blocks: an empty position points at block num_blocks, which has none.
         self._key = np.zeros(num_blocks + 1, np.int64)
-        self._queue_seq = np.zeros(num_blocks, np.int64)  # a free block's place in the queue; 0: not queued
-        # (blocks, the first one's place): freed runs, oldest first; the places in a run are consecutive
-        self._runs: deque[tuple[np.ndarray, int]] = deque()
-        self._seq = 0
-        self._num_queued = 0  # entries in _runs, stale ones included
+        # The queue: entries _queue[_head:_tail], oldest first. The entry at i is live if its block's
+        # place, _queue_seq, is i + 1. A block off the queue keeps a place no live entry has: taken
+        # off by an allocation, which drops every entry up to its own; or by a touch, which sets 0.
+        self._queue = np.zeros(3 * num_blocks + self.QUEUE_SLACK, np.int64)
+        self._queue_seq = np.zeros(num_blocks, np.int64)
+        self._head = self._tail = 0
+
+    @property
+    def _num_queued(self) -> int:
+        """Entries in the queue, stale ones included (bounded by its length: see _compact)."""
+        return self._tail - self._head
 
     # ---------------------------------------------------------------- the free queue
     def allocate(self, n: int) -> list[int] | None:
         if n > self.num_free:
             return None
+        if self._next_unused == self.num_blocks and n <= _LOOP:
+            # A few blocks, block by block, from the queue's head when its first n entries are live
+            # (the usual case).
+            h = self._head
+            head = self._queue[h:h + n].tolist()
+            if len(head) == n:
+                place, seq = h + 1, self._queue_seq.item
+                for block in head:
+                    if seq(block) != place:
+                        break
+                    place += 1
+                else:
+                    self._head = h + n
+                    self.num_free -= n
+                    ref, key = self._ref, self._key
+                    for block in head:
+                        ref[block] = 1
+                        key[block] = 0  # evicted: what it held is gone
+                    return head
         self.num_free -= n
         first = self._next_unused
         unused = min(n, self.num_blocks - first)
@@ -117,65 +176,28 @@ class CachingBlockPool(BlockPool):
             self._ref[first:first + unused] = 1
             if unused == n:
                 return list(range(first, first + n))
-        elif n <= _LOOP:
-            taken = self._dequeue_few(n)
-            if taken is not None:
-                return taken
         taken = self._dequeue(n - unused)
         self._ref[taken] = 1
-        self._key[taken] = 0  # evicted: what they held is gone
+        self._key[taken] = 0
         return [*range(first, first + unused), *taken.tolist()]
 
-    def _dequeue_few(self, n: int) -> list[int] | None:
-        """:meth:`allocate` of a few blocks from the queue's head, block by block; None (and no change)
-        unless the head run's first ``n`` entries are all live (the usual case)."""
-        blocks, first_place = self._runs[0]
-        head = blocks[:n].tolist()
-        seq = self._queue_seq
-        if len(head) < n or any(seq.item(block) != place for place, block in enumerate(head, first_place)):
-            return None
-        self._runs[0] = (blocks[n:], first_place + n)
-        self._num_queued -= n
-        ref, key = self._ref, self._key
-        for block in head:
-            ref[block] = 1
-            seq[block] = 0
-            key[block] = 0
-        return head
-
     def _dequeue(self, n: int) -> np.ndarray:
-        """The ``n`` least recently freed blocks, off the queue."""
-        runs, seq, out = self._runs, self._queue_seq, []
-        while n:
-            blocks, first_place = runs[0]
-            head = blocks[:n]
-            if len(head) == n and _all(seq[head] == np.arange(first_place, first_place + n)):  # no stale entry
-                runs[0] = (blocks[n:], first_place + n)
-                self._num_queued -= n
-                out.append(head)
+        """The ``n`` least recently freed blocks, off the queue (which holds at least n live entries)."""
+        queue, seq, h = self._queue, self._queue_seq, self._head
+        head = queue[h:h + n]
+        if _all(seq[head] == np.arange(h + 1, h + 1 + n)):  # no stale entry
+            self._head = h + n
+            return head.copy()  # not a view: a compaction rewrites the queue
+        # Look at as much of the queue as may hold n live entries, not all of it.
+        window = 2 * n + 32
+        while True:
+            ahead = queue[h:min(h + window, self._tail)]
+            live = np.flatnonzero(seq[ahead] == np.arange(h + 1, h + 1 + len(ahead)))
+            if len(live) >= n or h + window >= self._tail:
                 break
-            # Look at as much of the run as may hold n live entries, not all of it: after a
-            # compaction the run is the whole queue.
-            window = 2 * n + 32
-            while True:
-                ahead = blocks[:window]
-                live = np.flatnonzero(seq[ahead] == np.arange(first_place, first_place + len(ahead)))
-                if len(live) >= n or window >= len(blocks):
-                    break
-                window *= 4
-            if len(live) > n or (len(live) == n and window < len(blocks)):
-                cut = int(live[n - 1]) + 1
-                runs[0] = (blocks[cut:], first_place + cut)
-                self._num_queued -= cut
-                out.append(blocks[live[:n]])
-                break
-            runs.popleft()
-            self._num_queued -= len(blocks)
-            out.append(blocks[live])
-            n -= len(live)
-        taken = np.concatenate(out) if len(out) > 1 else out[0]
-        seq[taken] = 0
-        return taken
+            window *= 4
+        self._head = h + int(live[n - 1]) + 1
+        return ahead[live[:n]]
 
     def free(self, ids: Sequence[int]) -> None:
         """Drop one reference to each block; the unreferenced join the queue, the request's last
@@ -183,34 +205,36 @@ class CachingBlockPool(BlockPool):
         if not len(ids):
             return
         blocks = _array(ids)[::-1]
-        ref = self._ref[blocks] - 1
-        if np.count_nonzero(ref < 0):
+        ref = self._ref[blocks]
+        if np.count_nonzero(ref) < len(ref):
             raise AssertionError("freed more blocks than were allocated")
+        ref -= 1
         self._ref[blocks] = ref
         freed = blocks[ref == 0]
-        if len(freed):
-            self._enqueue(freed)
-            self.num_free += len(freed)
-            if self._num_queued > 2 * self.num_blocks + self.COMPACT_SLACK:
+        n = len(freed)
+        if n:
+            t = self._tail
+            if t + n > len(self._queue):
                 self._compact()
-
-    def _enqueue(self, blocks: np.ndarray) -> None:
-        """``blocks`` join the queue's tail, in order, at the next places."""
-        first_place = self._seq + 1
-        self._seq += len(blocks)
-        self._queue_seq[blocks] = np.arange(first_place, self._seq + 1)
-        self._runs.append((blocks, first_place))
-        self._num_queued += len(blocks)
+                t = self._tail
+            self._queue[t:t + n] = freed
+            self._queue_seq[freed] = np.arange(t + 1, t + 1 + n)
+            self._tail = t + n
+            self.num_free += n
 
     def _compact(self) -> None:
-        """Drop the stale entries (the queue never holds more than twice the pool), renumbering the
-        live ones in their order."""
-        runs, self._runs, self._num_queued = self._runs, deque(), 0
-        self._enqueue(np.concatenate([self._live_entries(blocks, first_place) for blocks, first_place in runs]))
+        """Drop the stale entries, moving the live ones to the queue's start in their order. At most
+        num_blocks entries are live, so at least 2 x num_blocks are dropped for each compaction: its
+        cost, spread over them, stays O(1) an entry."""
+        live = self._live_entries()
+        self._queue[:len(live)] = live
+        self._queue_seq[live] = np.arange(1, len(live) + 1)
+        self._head, self._tail = 0, len(live)
 
-    def _live_entries(self, blocks: np.ndarray, first_place: int) -> np.ndarray:
-        """The blocks of a run still queued at their place in it."""
-        return blocks[self._queue_seq[blocks] == np.arange(first_place, first_place + len(blocks))]
+    def _live_entries(self) -> np.ndarray:
+        h, t = self._head, self._tail
+        entries = self._queue[h:t]
+        return entries[self._queue_seq[entries] == np.arange(h + 1, t + 1)]
 
     def touch(self, ids: Sequence[int] | np.ndarray) -> None:
         """One more reference to each block found by a lookup, taking the unreferenced off the queue."""
@@ -230,24 +254,40 @@ class CachingBlockPool(BlockPool):
         """The cached blocks holding ``req``'s known tokens from the first, up to the first miss, and
         short of the block of its last known token (see :class:`~simbatch.kv.KVCacheManager`)."""
         limit = (req.prompt_tokens + req.num_generated - 1) // block_size
-        system = min(system_blocks(req, block_size), limit)
+        system = system_blocks(req, block_size)
+        index = self._streams.get(own_stream(req))
+        if index is not None and index.system == system and limit:
+            run = index.entries[:limit]
+            stale = self._key[run] != index.expected[:len(run)]
+            miss = stale.argmax()
+            if not stale[miss]:
+                return run.copy()  # the caller's own, not a view of the index, which changes
+            if miss >= system:
+                return run[:miss].copy()
+            # A hint to the system prompt is stale (its block evicted, perhaps computed again since):
+            # look in the system prompt's own index, and refresh the hints from it.
+        else:
+            index = None
+        system = min(system, limit)
         hits = _NO_BLOCKS
         if system:
             hits = self._run(SYSTEM_PROMPT, 0, system)
+            if index is not None:
+                index.entries[:len(hits)] = hits
             if len(hits) < system:
                 return hits.copy()
         if limit > system:
             more = self._run(own_stream(req), system, limit)
             return np.concatenate((hits, more)) if len(hits) else more.copy()
-        return hits.copy()  # the caller's own, not a view of the index, which changes
+        return hits.copy()
 
     def _run(self, stream: int, start: int, stop: int) -> np.ndarray:
         """The cached blocks of ``stream`` from position ``start`` up to its first miss, short of
         ``stop`` (a view of the index)."""
-        entries = self._streams.get(stream)
-        if entries is None:
+        index = self._streams.get(stream)
+        if index is None:
             return _NO_BLOCKS
-        run = entries[start:stop]
+        run = index.entries[start:stop]
         first_key = _key(stream, start)
         stale = self._key[run] != np.arange(first_key, first_key + len(run))
         miss = stale.argmax()
@@ -263,34 +303,56 @@ class CachingBlockPool(BlockPool):
             return
         system = system_blocks(req, block_size)
         if start < system:
-            self._offer(SYSTEM_PROMPT, start, min(stop, system), ids)
+            self._offer(SYSTEM_PROMPT, 0, start, min(stop, system), ids)
         if stop > system:
-            self._offer(own_stream(req), max(start, system), stop, ids)
+            self._offer(own_stream(req), system, max(start, system), stop, ids)
         req.num_published_blocks = stop
 
-    def _offer(self, stream: int, start: int, stop: int, ids: Sequence[int] | np.ndarray) -> None:
-        """Cache ``ids[start:stop]`` at those positions of ``stream``, where the position is free and
-        the block uncached."""
-        entries = self._streams.get(stream)
-        if entries is None:
+    def _offer(self, stream: int, system: int, start: int, stop: int, ids: Sequence[int] | np.ndarray) -> None:
+        """Cache ``ids[start:stop]`` at those positions of ``stream`` (behind a ``system``-block system
+        prompt) where no block is cached.
+
+        The blocks are uncached: past the published ones a request holds only blocks allocated to it
+        since (allocation evicts), and a block offered and not taken is never offered again.
+        """
+        index = self._streams.get(stream)
+        if index is None:
             if len(self._streams) > 2 * self._num_streams_kept + 64:
                 self._forget_dead_streams()
-            entries = self._streams[stream] = np.full(max(stop, 16), self.num_blocks, np.int64)
-        elif len(entries) < stop:
-            grown = np.full(max(stop, 2 * len(entries)), self.num_blocks, np.int64)
-            grown[:len(entries)] = entries
-            entries = self._streams[stream] = grown
-        key, first_key = self._key, _key(stream, start)
+            index = self._streams[stream] = _Index(stream, system, max(2 * stop, 64), self.num_blocks)
+            shared = self._streams.get(SYSTEM_PROMPT) if system else None
+            if shared is not None:
+                index.entries[:system] = shared.entries[:system]
+        else:
+            if len(index.entries) < stop:
+                index.grow(stream, stop, self.num_blocks)
+            if index.system != system and index.system >= 0:
+                index.own_only(stream)
+        entries, key, first_key = index.entries, self._key, _key(stream, start)
+        if start >= index.top:  # nothing was ever cached from ``start`` on: every position is free
+            index.top = stop
+            if stop - start <= _LOOP:
+                for position in range(start, stop):
+                    block = ids[position]
+                    entries[position] = block
+                    key[block] = first_key + position - start
+            else:
+                blocks = ids[start:stop]
+                entries[start:stop] = blocks
+                key[blocks] = index.expected[start:stop]
+            return
+        index.top = max(index.top, stop)
         if stop - start <= _LOOP:
             for position in range(start, stop):
-                block, block_key_ = ids[position], first_key + position - start
-                if not key.item(block) and key.item(entries.item(position)) != block_key_:
+                block_key_ = first_key + position - start
+                if key.item(entries.item(position)) != block_key_:
+                    block = ids[position]
                     entries[position] = block
                     key[block] = block_key_
             return
         blocks = _array(ids[start:stop])
         keys = np.arange(first_key, first_key + len(blocks))
-        new = (key[blocks] == 0) & (key[entries[start:stop]] != keys)
+        new = key[entries[start:stop]] != keys
         if _all(new):
             entries[start:stop] = blocks
             key[blocks] = keys
@@ -303,8 +365,9 @@ class CachingBlockPool(BlockPool):
         """Drop the index of every stream with nothing cached any more: one-off requests must not
         pile up. Run each time the streams have doubled since the last time, so its cost is spread."""
         key = self._key
-        for stream, entries in list(self._streams.items()):
-            if not np.count_nonzero(key[entries] == np.arange(_key(stream, 0), _key(stream, len(entries)))):
+        for stream, index in list(self._streams.items()):
+            own = max(index.system, 0)  # the hints to the system prompt keep no stream alive
+            if not np.count_nonzero(key[index.entries[own:]] == index.expected[own:]):
                 del self._streams[stream]
         self._num_streams_kept = len(self._streams)
 
@@ -328,5 +391,4 @@ class CachingBlockPool(BlockPool):
         return dict(zip(held.tolist(), self._ref[held].tolist(), strict=True))
 
     def free_ids(self) -> list[int]:
-        queued = [b for blocks, first_place in self._runs for b in self._live_entries(blocks, first_place).tolist()]
-        return [*range(self._next_unused, self.num_blocks), *queued]
+        return [*range(self._next_unused, self.num_blocks), *self._live_entries().tolist()]

@@ -91,6 +91,33 @@ def test_a_key_keeps_the_block_computed_first():
     assert second.num_published_blocks == 1  # offered, and not taken: it is not offered again
 
 
+def test_a_streams_hints_to_the_system_prompt_follow_it_when_it_is_computed_again(monkeypatch):
+    """A conversation's index points at the system prompt's blocks too, so one look finds its whole
+    prefix. When those blocks are evicted and another request computes the system prompt again in
+    other blocks, the hints are stale: the lookup finds the new blocks through the system prompt's
+    own index, and refreshes the hints, so the next lookup needs only the one look again."""
+    pool = CachingBlockPool(6)
+    a = with_system_prompt(req(0, 17, 1), 8)
+    a.prefix_stream = 5
+    computed(pool, a, 16)  # blocks 0, 1 (the system prompt), 2, 3
+    pool.free(a.block_ids)
+    evict = pool.allocate(6)  # 4, 5, then the queue: every cached block is evicted
+    assert pool.cached == {}
+    pool.free([0, 1])
+    pool.free([b for b in evict if b not in (0, 1)])  # the queue: 1, 0, then the rest
+    b = with_system_prompt(req(1, 13, 1), 8)
+    b.prefix_stream = 7
+    computed(pool, b, 12)  # the system prompt again, in blocks 1 and 0 (swapped)
+    assert pool.cached[(SYSTEM_PROMPT, 0)] == 1 and pool.cached[(SYSTEM_PROMPT, 1)] == 0
+    c = with_system_prompt(req(2, 21, 1), 8)
+    c.prefix_stream = 5  # a's conversation goes on: its own blocks are gone, the system prompt is not
+    runs, original = [], CachingBlockPool._run  # the streams each lookup reads an index of, one by one
+    monkeypatch.setattr(CachingBlockPool, "_run", lambda self, *args: runs.append(args[0]) or original(self, *args))
+    assert pool.lookup(c, 4).tolist() == [1, 0] and SYSTEM_PROMPT in runs
+    runs.clear()
+    assert pool.lookup(c, 4).tolist() == [1, 0] and runs == []  # the hints were refreshed
+
+
 class PlainPool:
     """The pool's rules stated plainly (a dict per concept, one block at a time): the oracle that
     :class:`CachingBlockPool`, which does the same on arrays, is held to."""
@@ -153,13 +180,18 @@ class PlainPool:
         return [*range(self.next_unused, self.num_blocks), *self.queue]
 
 
-@pytest.mark.parametrize(("seed", "num_blocks", "max_prompt"), [(0, 24, 40), (1, 24, 40), (2, 200, 400), (3, 200, 400)])
-def test_the_array_pool_keeps_the_plain_rules_through_thousands_of_turns(seed, num_blocks, max_prompt, monkeypatch):
+@pytest.mark.parametrize(("seed", "num_blocks", "max_prompt", "system_per_stream"),
+                         [(0, 24, 40, False), (1, 24, 40, False), (2, 200, 400, False), (3, 200, 400, False),
+                          (4, 24, 40, True), (5, 200, 400, True)])
+def test_the_array_pool_keeps_the_plain_rules_through_thousands_of_turns(seed, num_blocks, max_prompt,
+                                                                        system_per_stream, monkeypatch):
     """Requests on a few streams (some behind a system prompt) arrive, find their cached prefix, take
     blocks, publish them and leave, thousands of times over a pool small enough to evict all the
     time and, with no slack, to compact its queue often: every answer and the whole state match the
-    plain oracle."""
-    monkeypatch.setattr(CachingBlockPool, "COMPACT_SLACK", 0)
+    plain oracle. The system prompt is either each stream's own for good (as the workload makes
+    them: a stream's index then points at the system prompt's blocks too, and those hints go stale
+    as its blocks are evicted and computed again), or drawn afresh for every request."""
+    monkeypatch.setattr(CachingBlockPool, "QUEUE_SLACK", 0)
     rng = np.random.default_rng(seed)
     block_size, pool, plain = 4, CachingBlockPool(num_blocks), PlainPool(num_blocks)
     holders: list = []
@@ -171,7 +203,8 @@ def test_the_array_pool_keeps_the_plain_rules_through_thousands_of_turns(seed, n
         else:
             request = req(n, int(rng.integers(1, max_prompt)), 1)
             request.prefix_stream = int(rng.integers(3))
-            request.shared_prefix_tokens = int(rng.choice([0, 8]))
+            request.shared_prefix_tokens = (0, 8, 8)[request.prefix_stream] if system_per_stream else \
+                int(rng.choice([0, 8]))
             hits = pool.lookup(request, block_size).tolist()
             assert hits == plain.lookup(request, block_size)
             new = -(-request.prompt_tokens // block_size) - len(hits)
@@ -189,7 +222,7 @@ def test_the_array_pool_keeps_the_plain_rules_through_thousands_of_turns(seed, n
             holders.append(request)
         assert pool.num_free == plain.num_free and pool.free_ids() == plain.free_ids()
         assert pool.cached == plain.cached and pool.ref_counts() == {b: k for b, k in plain.ref.items() if k}
-        assert pool._num_queued <= 2 * num_blocks  # stale queue entries are dropped: its memory is bounded
+        assert pool._num_queued <= 3 * num_blocks  # stale queue entries are dropped: its memory is bounded
 
 
 # --------------------------------------------------------------------------- keys and lookups
