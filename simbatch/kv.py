@@ -139,7 +139,7 @@ class KVCacheManager:
         """Free every device block ``req`` holds (with prefix caching, publishing its full blocks
         first: they stay findable until evicted); returns how many."""
         if self.caching:
-            self.publish(req)
+            self.device.publish(req, self.block_size)
             req.num_published_blocks = 0
         ids, req.block_ids = req.block_ids, ()
         self.device.free(ids)
@@ -162,7 +162,11 @@ class KVCacheManager:
     def use_cached(self, req: Request, hits: np.ndarray) -> None:
         """``req`` shares ``hits``: its first ``len(hits)`` blocks are computed already."""
         self.device.touch(hits)
-        req.block_ids = hits  # an array (the lookup's own): later blocks are appended to it, see _give
+        # Its blocks are an array (the pool frees them without converting), in a buffer of its own
+        # with room for all it will hold, so that later blocks are written in, not appended: see _give.
+        room = np.empty(max(blocks_for(req.prompt_tokens + req.output_tokens, self.block_size), len(hits)), np.int64)
+        room[:len(hits)] = hits
+        req.block_ids = room[:len(hits)]
         req.num_published_blocks = len(hits)
         req.num_computed_tokens = len(hits) * self.block_size
 
@@ -273,14 +277,21 @@ FULL_CHECK_EVERY = 64
 
 def _give(req: Request, ids: list[int]) -> None:
     """Add ``ids`` to the blocks ``req`` holds: a list of its own the first time (it held the shared
-    ()), or an array when it started from a cached prefix (the pool frees it without converting)."""
+    ()), or an array when it started from a cached prefix, a view of the buffer
+    :meth:`KVCacheManager.use_cached` made for it (its ``base``, the request's own: no other array of
+    blocks is a view) while the buffer has room."""
     held = req.block_ids
     if isinstance(held, list):
         held += ids
-    elif len(held):
-        req.block_ids = np.concatenate((held, ids))
-    else:
+    elif not len(held):
         req.block_ids = ids.copy()  # not the caller's list: the request's grows
+    else:
+        n, room = len(held), held.base
+        if room is not None and n + len(ids) <= len(room):
+            room[n:n + len(ids)] = ids
+            req.block_ids = room[:n + len(ids)]
+        else:
+            req.block_ids = np.concatenate((held, ids))
 
 
 def _check_identities(pool: BlockPool, held: list[int], name: str) -> None:

@@ -179,15 +179,16 @@ class CachingBlockPool(BlockPool):
         taken = self._dequeue(n - unused)
         self._ref[taken] = 1
         self._key[taken] = 0
-        return [*range(first, first + unused), *taken.tolist()]
+        return [*range(first, first + unused), *taken.tolist()] if unused else taken.tolist()
 
     def _dequeue(self, n: int) -> np.ndarray:
-        """The ``n`` least recently freed blocks, off the queue (which holds at least n live entries)."""
+        """The ``n`` least recently freed blocks, off the queue (which holds at least n live entries);
+        perhaps a view of the queue, good until the next free."""
         queue, seq, h = self._queue, self._queue_seq, self._head
         head = queue[h:h + n]
         if _all(seq[head] == np.arange(h + 1, h + 1 + n)):  # no stale entry
             self._head = h + n
-            return head.copy()  # not a view: a compaction rewrites the queue
+            return head
         # Look at as much of the queue as may hold n live entries, not all of it.
         window = 2 * n + 32
         while True:
@@ -242,7 +243,8 @@ class CachingBlockPool(BlockPool):
         ref = self._ref[blocks]
         taken = blocks[ref == 0]
         self._queue_seq[taken] = 0
-        self._ref[blocks] = ref + 1
+        ref += 1
+        self._ref[blocks] = ref
         self.num_free -= len(taken)
 
     def num_evictable(self, ids: Sequence[int] | np.ndarray) -> int:
@@ -252,7 +254,9 @@ class CachingBlockPool(BlockPool):
     # ---------------------------------------------------------------- the cache
     def lookup(self, req: Request, block_size: int) -> np.ndarray:
         """The cached blocks holding ``req``'s known tokens from the first, up to the first miss, and
-        short of the block of its last known token (see :class:`~simbatch.kv.KVCacheManager`)."""
+        short of the block of its last known token (see :class:`~simbatch.kv.KVCacheManager`).
+
+        Perhaps a view of the index: good until the pool next changes (copy it to keep it)."""
         limit = (req.prompt_tokens + req.num_generated - 1) // block_size
         system = system_blocks(req, block_size)
         index = self._streams.get(own_stream(req))
@@ -261,9 +265,9 @@ class CachingBlockPool(BlockPool):
             stale = self._key[run] != index.expected[:len(run)]
             miss = stale.argmax()
             if not stale[miss]:
-                return run.copy()  # the caller's own, not a view of the index, which changes
+                return run
             if miss >= system:
-                return run[:miss].copy()
+                return run[:miss]
             # A hint to the system prompt is stale (its block evicted, perhaps computed again since):
             # look in the system prompt's own index, and refresh the hints from it.
         else:
@@ -275,11 +279,11 @@ class CachingBlockPool(BlockPool):
             if index is not None:
                 index.entries[:len(hits)] = hits
             if len(hits) < system:
-                return hits.copy()
+                return hits
         if limit > system:
             more = self._run(own_stream(req), system, limit)
-            return np.concatenate((hits, more)) if len(hits) else more.copy()
-        return hits.copy()
+            return np.concatenate((hits, more)) if len(hits) else more
+        return hits
 
     def _run(self, stream: int, start: int, stop: int) -> np.ndarray:
         """The cached blocks of ``stream`` from position ``start`` up to its first miss, short of
