@@ -18,7 +18,7 @@ import numpy as np
 
 from simbatch import speculative
 from simbatch.config import Device, Scenario, replica_scenarios
-from simbatch.cost import LinearCost, step_time_s, work_s
+from simbatch.cost import LinearCost, work_s
 from simbatch.workload import WorkloadArrays
 from simbatch.workload.prefix import expected_cached_tokens
 
@@ -154,10 +154,8 @@ def token_step_s(device: Device, batch_size: float, context_tokens: float = 0.0)
     tau(B), or with speculative decoding tau_spec(B) / E, E the tokens per step
     (:func:`simbatch.speculative.tokens_per_step`)."""
     spec = device.speculative
-    if spec is None:
-        return step_time_s(device, batch_size, 0, batch_size * context_tokens)
-    return speculative.step_ms(LinearCost.of(device), batch_size, spec.num_speculative_tokens, context_tokens) / \
-        1e3 / speculative.tokens_per_step(spec)
+    k, tokens = (spec.num_speculative_tokens, speculative.tokens_per_step(spec)) if spec else (0, 1.0)
+    return speculative.step_ms(LinearCost.of(device), batch_size, k, context_tokens) / 1e3 / tokens
 
 
 def stability(device: Device, batch_size: int, arrival_rate: float, mean_output_tokens: float,

@@ -298,7 +298,7 @@ def capacity_table(device: Device, max_num_seqs: int, replicas: int = 1, context
     lines = [_title("Capacity (analytic)", "="),
              f"{formula}{_fmt(roofline, 0)} tok/s{per}",
              f"{'B':>8}{'τ(B) (ms)':>12}{'tokens/s' + per:>{14 + len(per)}}{'% of roofline':>16}"]
-    spec = device.speculative
+    spec, cost = device.speculative, LinearCost.of(device)
     if spec is not None:
         k, alpha = spec.num_speculative_tokens, spec.acceptance_rate
         lines.insert(2, f"Speculative decoding, k = {k}, α = {alpha:g}: "
@@ -307,8 +307,7 @@ def capacity_table(device: Device, max_num_seqs: int, replicas: int = 1, context
     for b in sizes:
         tps = b / token_step_s(device, b, context_tokens)
         share = "n/a" if math.isinf(roofline) else f"{100 * tps / roofline:.1f} %"
-        step_ms = LinearCost.of(device).step_ms(b, 0, 0, b * context_tokens) if spec is None else \
-            speculative.step_ms(LinearCost.of(device), b, spec.num_speculative_tokens, context_tokens)
+        step_ms = speculative.step_ms(cost, b, spec.num_speculative_tokens if spec else 0, context_tokens)
         lines.append(f"{b:>8}{step_ms:>12.2f}{tps:>{14 + len(per)},.2f}{share:>16}")
     if replicas > 1:
         lines.append(f"With {replicas} replicas at B = {max_num_seqs}: "

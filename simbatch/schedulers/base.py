@@ -194,7 +194,7 @@ class BaseScheduler(ABC):
         ids.update(map(_request_id, running))
         assert len(ids) == len(waiting) + len(running), "a request is in two pools"
         # No device blocks: none listed and none held for it by a lockstep group (it is in none).
-        assert set(map(_status, waiting)) <= {WAITING} and not any(map(_block_ids, waiting)) \
+        assert set(map(_status, waiting)) <= {WAITING} and not any(map(len, map(_block_ids, waiting))) \
             and not any(map(_lockstep, waiting)), "waiting request holds blocks"
         assert set(map(_status, running)) <= {RUNNING}, "running pool holds a non-running request"
         self.kv.check_conservation(self._block_holders(), waiting, self._blocks_held_for_members())
