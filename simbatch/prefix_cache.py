@@ -121,9 +121,11 @@ class CachingBlockPool(BlockPool):
     leaves a stale entry behind, which allocation skips and a compaction drops.
     """
 
-    __slots__ = ("_streams", "_num_streams_kept", "_ref", "_key", "_queue_seq", "_queue", "_head", "_tail")
+    __slots__ = ("_streams", "_num_streams_kept", "_ref", "_key", "_queue_seq", "_queue", "_places", "_room",
+                 "_head", "_tail")
 
     QUEUE_SLACK = 1024  # the queue holds up to 3 x num_blocks + QUEUE_SLACK entries, stale ones included
+    FIRST_PLACES = 4096  # the queue's places are listed this far at first (see _make_room)
 
     def __init__(self, num_blocks: int):
         super().__init__(num_blocks)
@@ -139,6 +141,11 @@ class CachingBlockPool(BlockPool):
         self._queue = np.zeros(3 * num_blocks + self.QUEUE_SLACK, np.int64)
         self._queue_seq = np.zeros(num_blocks, np.int64)
         self._head = self._tail = 0
+        # _places[i] = i + 1, as far as the queue has reached (grown by doubling, so that a huge pool
+        # pays only for what it uses): a slice of it is the places of a run of entries. _room: how far
+        # free may append before it must look (_make_room).
+        self._places = np.arange(1, min(len(self._queue), self.FIRST_PLACES) + 1)
+        self._room = len(self._places)
 
     @property
     def _num_queued(self) -> int:
@@ -186,14 +193,14 @@ class CachingBlockPool(BlockPool):
         perhaps a view of the queue, good until the next free."""
         queue, seq, h = self._queue, self._queue_seq, self._head
         head = queue[h:h + n]
-        if _all(seq[head] == np.arange(h + 1, h + 1 + n)):  # no stale entry
+        if _all(seq[head] == self._places[h:h + n]):  # no stale entry
             self._head = h + n
             return head
         # Look at as much of the queue as may hold n live entries, not all of it.
         window = 2 * n + 32
         while True:
             ahead = queue[h:min(h + window, self._tail)]
-            live = np.flatnonzero(seq[ahead] == np.arange(h + 1, h + 1 + len(ahead)))
+            live = np.flatnonzero(seq[ahead] == self._places[h:h + len(ahead)])
             if len(live) >= n or h + window >= self._tail:
                 break
             window *= 4
@@ -202,26 +209,38 @@ class CachingBlockPool(BlockPool):
 
     def free(self, ids: Sequence[int]) -> None:
         """Drop one reference to each block; the unreferenced join the queue, the request's last
-        block first (so a request's tail is evicted before its head, which others may share)."""
+        block first (so a request's tail is evicted before its head, which others may share).
+
+        A block freed more often than it was held is not caught here (looking would cost every
+        free): its count goes negative, which :meth:`~simbatch.kv.KVCacheManager.check_conservation`
+        reports."""
         if not len(ids):
             return
         blocks = _array(ids)[::-1]
         ref = self._ref[blocks]
-        if np.count_nonzero(ref) < len(ref):
-            raise AssertionError("freed more blocks than were allocated")
         ref -= 1
         self._ref[blocks] = ref
         freed = blocks[ref == 0]
         n = len(freed)
-        if n:
+        if not n:
+            return
+        t = self._tail
+        if t + n > self._room:
+            self._make_room(n)
             t = self._tail
-            if t + n > len(self._queue):
-                self._compact()
-                t = self._tail
-            self._queue[t:t + n] = freed
-            self._queue_seq[freed] = np.arange(t + 1, t + 1 + n)
-            self._tail = t + n
-            self.num_free += n
+        self._queue[t:t + n] = freed
+        self._queue_seq[freed] = self._places[t:t + n]
+        self._tail = t + n
+        self.num_free += n
+
+    def _make_room(self, n: int) -> None:
+        """Room for ``n`` more entries at the queue's tail, and their places: compact a full queue."""
+        if self._tail + n > len(self._queue):
+            self._compact()
+        stop = self._tail + n
+        if stop > len(self._places):
+            self._places = np.arange(1, min(max(2 * len(self._places), stop), len(self._queue)) + 1)
+        self._room = len(self._places)
 
     def _compact(self) -> None:
         """Drop the stale entries, moving the live ones to the queue's start in their order. At most
@@ -229,23 +248,24 @@ class CachingBlockPool(BlockPool):
         cost, spread over them, stays O(1) an entry."""
         live = self._live_entries()
         self._queue[:len(live)] = live
-        self._queue_seq[live] = np.arange(1, len(live) + 1)
+        self._queue_seq[live] = self._places[:len(live)]
         self._head, self._tail = 0, len(live)
 
     def _live_entries(self) -> np.ndarray:
         h, t = self._head, self._tail
         entries = self._queue[h:t]
-        return entries[self._queue_seq[entries] == np.arange(h + 1, t + 1)]
+        return entries[self._queue_seq[entries] == self._places[h:t]]
 
     def touch(self, ids: Sequence[int] | np.ndarray) -> None:
         """One more reference to each block found by a lookup, taking the unreferenced off the queue."""
         blocks = _array(ids)
         ref = self._ref[blocks]
-        taken = blocks[ref == 0]
-        self._queue_seq[taken] = 0
+        self.num_free -= len(ref) - np.count_nonzero(ref)
+        # Place 0 is no live entry's: off the queue go the unreferenced, and the referenced (off it
+        # already) lose nothing, with no mask to tell them apart.
+        self._queue_seq[blocks] = 0
         ref += 1
         self._ref[blocks] = ref
-        self.num_free -= len(taken)
 
     def num_evictable(self, ids: Sequence[int] | np.ndarray) -> int:
         """How many of ``ids`` are free (cached, unreferenced): touching them takes them off the queue."""
@@ -261,11 +281,11 @@ class CachingBlockPool(BlockPool):
         system = system_blocks(req, block_size)
         index = self._streams.get(own_stream(req))
         if index is not None and index.system == system and limit:
-            run = index.entries[:limit]
+            run = index.entries[:min(limit, index.top)]  # from top on, nothing was ever cached
             stale = self._key[run] != index.expected[:len(run)]
-            miss = stale.argmax()
-            if not stale[miss]:
+            if not np.count_nonzero(stale):
                 return run
+            miss = stale.argmax()
             if miss >= system:
                 return run[:miss]
             # A hint to the system prompt is stale (its block evicted, perhaps computed again since):
@@ -305,12 +325,25 @@ class CachingBlockPool(BlockPool):
         start = req.num_published_blocks
         if start >= stop:
             return
+        req.num_published_blocks = stop
         system = system_blocks(req, block_size)
         if start < system:
             self._offer(SYSTEM_PROMPT, 0, start, min(stop, system), ids)
-        if stop > system:
-            self._offer(own_stream(req), system, max(start, system), stop, ids)
-        req.num_published_blocks = stop
+            if stop <= system:
+                return
+            start = system
+        stream = own_stream(req)
+        index = self._streams.get(stream)
+        if index is not None and start >= index.top and stop <= len(index.entries) \
+                and (index.system == system or index.system < 0):
+            # Past all the stream ever cached (the usual case: a conversation's next blocks) every
+            # position is free: the blocks go in unchecked.
+            index.top = stop
+            blocks = ids[start:stop]
+            index.entries[start:stop] = blocks
+            self._key[blocks] = index.expected[start:stop]
+        else:
+            self._offer(stream, system, start, stop, ids)
 
     def _offer(self, stream: int, system: int, start: int, stop: int, ids: Sequence[int] | np.ndarray) -> None:
         """Cache ``ids[start:stop]`` at those positions of ``stream`` (behind a ``system``-block system
@@ -333,18 +366,6 @@ class CachingBlockPool(BlockPool):
             if index.system != system and index.system >= 0:
                 index.own_only(stream)
         entries, key, first_key = index.entries, self._key, _key(stream, start)
-        if start >= index.top:  # nothing was ever cached from ``start`` on: every position is free
-            index.top = stop
-            if stop - start <= _LOOP:
-                for position in range(start, stop):
-                    block = ids[position]
-                    entries[position] = block
-                    key[block] = first_key + position - start
-            else:
-                blocks = ids[start:stop]
-                entries[start:stop] = blocks
-                key[blocks] = index.expected[start:stop]
-            return
         index.top = max(index.top, stop)
         if stop - start <= _LOOP:
             for position in range(start, stop):
