@@ -121,8 +121,8 @@ class CachingBlockPool(BlockPool):
     leaves a stale entry behind, which allocation skips and a compaction drops.
     """
 
-    __slots__ = ("_streams", "_num_streams_kept", "_ref", "_key", "_queue_seq", "_queue", "_places", "_room",
-                 "_head", "_tail")
+    __slots__ = ("_streams", "_num_streams_kept", "_ref", "_key", "_queue_seq", "_queue", "_places", "_head",
+                 "_tail")
 
     QUEUE_SLACK = 1024  # the queue holds up to 3 x num_blocks + QUEUE_SLACK entries, stale ones included
     FIRST_PLACES = 4096  # the queue's places are listed this far at first (see _make_room)
@@ -143,10 +143,8 @@ class CachingBlockPool(BlockPool):
         self._queue_seq = np.zeros(num_blocks, np.int32 if len(self._queue) < 2**31 else np.int64)
         self._head = self._tail = 0
         # _places[i] = i + 1, as far as the queue has reached (grown by doubling, so that a huge pool
-        # pays only for what it uses): a slice of it is the places of a run of entries. _room: how far
-        # free may append before it must look (_make_room).
+        # pays only for what it uses): a slice of it is the places of a run of entries.
         self._places = np.arange(1, min(len(self._queue), self.FIRST_PLACES) + 1, dtype=self._queue_seq.dtype)
-        self._room = len(self._places)
 
     @property
     def _num_queued(self) -> int:
@@ -226,7 +224,7 @@ class CachingBlockPool(BlockPool):
         if not n:
             return
         t = self._tail
-        if t + n > self._room:
+        if t + n > len(self._places):
             self._make_room(n)
             t = self._tail
         self._queue[t:t + n] = freed
@@ -242,7 +240,6 @@ class CachingBlockPool(BlockPool):
         if stop > len(self._places):
             self._places = np.arange(1, min(max(2 * len(self._places), stop), len(self._queue)) + 1,
                                      dtype=self._queue_seq.dtype)
-        self._room = len(self._places)
 
     def _compact(self) -> None:
         """Drop the stale entries, moving the live ones to the queue's start in their order. At most
