@@ -11,8 +11,8 @@ import sys
 import time
 
 from benchmarks.cases import CASES
+from simbatch.analysis.summary import iterations_frame, requests_frame, summarize
 from simbatch.engine import Engine
-from simbatch.metrics.summary import iterations_frame, requests_frame, summarize
 from simbatch.workload import generate
 
 

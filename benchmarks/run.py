@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from benchmarks.cases import CASES
-from simbatch.capacity import expected_stability
+from simbatch.analysis.capacity import expected_stability
 from simbatch.workload import generate
 
 REPORT = Path(__file__).with_name("results.md")

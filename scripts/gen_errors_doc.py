@@ -24,8 +24,8 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from simbatch import guard, loading
-from simbatch.sweep import grid
+from simbatch.app.sweep import grid
+from simbatch.config import guard, loading
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "errors.md"
@@ -148,7 +148,7 @@ class Outcome:
 
 def invoke(args: list[str], cwd: Path):
     """``simbatch ARGS`` in-process, run from ``cwd``."""
-    from simbatch.cli import app
+    from simbatch.app.cli import app
 
     here = Path.cwd()
     os.chdir(cwd)
@@ -202,7 +202,7 @@ The other ways a command ends early:
 ## Size limits
 
 Before anything is drawn, the command estimates what the run will hold in memory, from measured
-costs (`simbatch/guard.py`, checked by `tests/test_guard.py`): about {per_request:,} bytes per request
+costs (`simbatch/config/guard.py`, checked by `tests/test_guard.py`): about {per_request:,} bytes per request
 and {per_replica:,} per replica. A run estimated above **{max_gb:g} GB** (about {max_requests:,}
 requests), or a sweep of more than **{max_runs:,} runs** (grid points x replications), is refused with
 the estimate; pass `--force` to run it anyway, or lower the setting. One range in `--param` may

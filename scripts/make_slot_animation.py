@@ -26,7 +26,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 import simbatch
-from simbatch.teaching.timeline import slot_timeline
+from simbatch.app.teaching.timeline import slot_timeline
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "img" / "slot_timeline.gif"

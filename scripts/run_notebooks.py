@@ -77,7 +77,7 @@ def _execute_once(path: Path, *, small: bool, timeout_s: int) -> nbformat.Notebo
                             resources={"metadata": {"path": str(path.parent)}})
     # Inline figures whatever MPLBACKEND the caller has set: the plots must land in the outputs.
     env = {**os.environ, SMALL_ENV: "1" if small else "0", "MPLBACKEND": "module://matplotlib_inline.backend_inline",
-           "SIMBATCH_HEADLESS_KERNEL": "1"}  # no live slider panels (simbatch.teaching.widgets.sliders)
+           "SIMBATCH_HEADLESS_KERNEL": "1"}  # no live slider panels (simbatch.app.teaching.widgets.sliders)
     # cleanup_kc: shut the kernel down afterwards. nbclient leaves a kernel it did not create running,
     # and a dozen idle kernels per test worker is memory and sockets nobody uses.
     client.execute(env=env, cleanup_kc=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from selenium.webdriver.support.ui import WebDriverWait
 
-from simbatch import headless
+from simbatch.app import headless
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "img" / "report_heavy_tail.png"

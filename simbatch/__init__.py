@@ -10,8 +10,8 @@ import importlib
 
 __version__ = "0.1.0"
 
-_HOME = {"Scenario": "simbatch.config", "ScenarioError": "simbatch.loading", "load_scenario": "simbatch.loading",
-         "Result": "simbatch.simulation", "simulate": "simbatch.simulation", "Observer": "simbatch.observers"}
+_HOME = {"Scenario": "simbatch.config", "ScenarioError": "simbatch.config.loading", "load_scenario": "simbatch.config.loading",
+         "Result": "simbatch.simulation", "simulate": "simbatch.simulation", "Observer": "simbatch.observe.observers"}
 
 __all__ = ["Observer", "Result", "Scenario", "ScenarioError", "load_scenario", "simulate", "__version__"]
 

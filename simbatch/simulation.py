@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from simbatch.capacity import Stability, expected_stability
+from simbatch.analysis.capacity import Stability, expected_stability
+from simbatch.analysis.summary import iterations_frame, requests_frame, summarize
 from simbatch.config import Scenario
 from simbatch.engine import Engine
-from simbatch.metrics.summary import iterations_frame, requests_frame, summarize
-from simbatch.observers import Observer
+from simbatch.observe.observers import Observer
 from simbatch.workload import WorkloadArrays, generate
 
 
@@ -20,7 +20,7 @@ class Result:
     """What one simulation produced.
 
     ``requests``: one row per arrived request; ``iterations``: one row per run of identical engine
-    steps (``num_steps`` of them); ``summary``: vLLM-named metrics (see :mod:`simbatch.metrics.summary`).
+    steps (``num_steps`` of them); ``summary``: vLLM-named metrics (see :mod:`simbatch.analysis.summary`).
     """
 
     scenario: Scenario
@@ -40,7 +40,7 @@ def simulate(scenario: Scenario, *, check_invariants: bool = False,
     ``on_progress(sim_time_s, requests_arrived)`` is called now and then, for progress bars.
     ``workload``: the requests, when already drawn from this scenario's workload section (a comparison
     of variants that leave it alone draws it once); drawn here otherwise.
-    ``observers``: :class:`~simbatch.observers.Observer` objects told of every arrival, rejection,
+    ``observers``: :class:`~simbatch.observe.observers.Observer` objects told of every arrival, rejection,
     step (with its membership) and completion as the run goes.
     """
     if workload is None:

@@ -12,9 +12,10 @@ import signal
 from typing import Any
 
 from simbatch.config import Scenario
-from simbatch.loading import apply_overrides, scenario_from_dict
-from simbatch.request import Request
-from simbatch.schedulers import BaseScheduler, StepOutcome, StepPlan, make_scheduler
+from simbatch.config.loading import apply_overrides, scenario_from_dict
+from simbatch.engine.replica import scheduler_for
+from simbatch.model.request import Request
+from simbatch.schedulers import BaseScheduler, StepOutcome, StepPlan
 
 # Small numbers that are easy to compute by hand: 4-token blocks, a 16-token budget, 4 slots,
 # and a step cost of 10 ms + 1 ms per decoding sequence + 0.1 ms per prefill token.
@@ -74,7 +75,7 @@ class Driver:
     """Steps a scheduler by hand: every step lasts ``step_s`` and ends where the next one starts."""
 
     def __init__(self, scenario: Scenario, tenant_names: tuple[str, ...] = ("default",), step_s: float = 1.0):
-        self.sched: BaseScheduler = make_scheduler(scenario, tenant_names)
+        self.sched: BaseScheduler = scheduler_for(scenario, tenant_names)
         self.now = 0.0
         self.step = 0
         self.step_s = step_s

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from simbatch.cli import app
-from simbatch.metrics.stats import percentile_word
+from simbatch.analysis.stats import percentile_word
+from simbatch.app.cli import app
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 
@@ -65,10 +65,10 @@ def test_percentile_word_is_vllms():
 
 
 def test_concepts_maps_every_vllm_flag():
-    """docs/concepts.md's table names every flag of simbatch.cli.bench_flags, and vLLM's dataset flags."""
+    """docs/concepts.md's table names every flag of simbatch.app.cli.bench_flags, and vLLM's dataset flags."""
     import re
 
-    from simbatch.cli import bench_flags
+    from simbatch.app.cli import bench_flags
 
     text = (Path(__file__).resolve().parent.parent / "docs" / "concepts.md").read_text(encoding="utf-8")
     table = text[text.index("## From `vllm bench serve` to simbatch"):]

@@ -12,8 +12,9 @@ import os
 import pytest
 from test_cli import SCENARIOS
 
-from simbatch import headless, simulate, webreport
-from simbatch.loading import load_scenario
+from simbatch import simulate
+from simbatch.app import headless, webreport
+from simbatch.config.loading import load_scenario
 
 if headless.binaries() is None:
     if os.environ.get("CI") == "true":
@@ -103,7 +104,7 @@ def test_the_report_renders_offline_in_chromium(report, tmp_path):
 def test_the_explorer_redraws_when_a_knob_moves(tmp_path):
     import threading
 
-    from simbatch.explore import make_server
+    from simbatch.app.explore import make_server
 
     server = make_server(SCENARIOS / "heavy_tail.yaml")
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()

@@ -15,12 +15,20 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from simbatch.cli.sweep import register
-from simbatch.loading import load_scenario
+from simbatch.app.cli.sweep import register
+from simbatch.app.sweep.capacity import (
+    FLOOR_FRACTION,
+    METRICS,
+    SLO,
+    STATS,
+    Search,
+    goodput_overrides,
+    parse_slo,
+)
+from simbatch.app.sweep.plan import SweepInputError
+from simbatch.app.sweep.runner import Point
+from simbatch.config.loading import load_scenario
 from simbatch.simulation import simulate
-from simbatch.sweep.capacity import FLOOR_FRACTION, METRICS, SLO, STATS, Search, goodput_overrides, parse_slo
-from simbatch.sweep.plan import SweepInputError
-from simbatch.sweep.runner import Point
 
 CHAPTER = """\
 name: chapter
@@ -173,7 +181,7 @@ def test_any_percentile_is_an_slo_and_the_search_draws_and_explains_itself(cli, 
 
 
 def test_the_default_folder_is_the_same_search_s_and_no_other_s(chapter):
-    from simbatch.sweep.capacity import CapacitySearch
+    from simbatch.app.sweep.capacity import CapacitySearch
 
     def folder(*slos: str, params: list[str] | None = None) -> Path:
         return CapacitySearch.plan(chapter, params or [], [], list(slos), 1, 0.02).out

@@ -19,11 +19,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from simbatch import __version__, results
-from simbatch.cli import app
-from simbatch.cli.common import progress
+from simbatch import __version__
+from simbatch.app import results
+from simbatch.app.cli import app
+from simbatch.app.cli.common import progress
 from simbatch.config import Scenario
-from simbatch.loading import load_scenario
+from simbatch.config.loading import load_scenario
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = REPO / "scenarios"
@@ -358,7 +359,7 @@ def test_capacity_bad_flags(args, complaint):
 
 def test_help_imports_none_of_the_heavy_libraries():
     # Every command imports the simulator, the frames and the plots when it runs, not to list itself.
-    code = ("import sys\nfrom simbatch.cli import app\nsys.argv = ['simbatch', '--help']\n"
+    code = ("import sys\nfrom simbatch.app.cli import app\nsys.argv = ['simbatch', '--help']\n"
             "try:\n    app()\nexcept SystemExit:\n    pass\n"
             "print(sorted(m for m in ('matplotlib', 'simpy', 'pandas', 'scipy', 'numpy') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)

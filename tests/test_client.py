@@ -1,4 +1,4 @@
-"""The benchmark client (simbatch.client): requests held back at the client, and closed-loop users.
+"""The benchmark client (simbatch.engine.client): requests held back at the client, and closed-loop users.
 
 The "must show" of issue 16: ``simbatch run --max-concurrency 8`` never has more than 8 requests in
 the server, and reports the client-side wait apart from the server's latencies.
@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from simbatch.cli import app
-from simbatch.loading import scenario_from_dict
+from simbatch.app.cli import app
+from simbatch.config.loading import scenario_from_dict
 from simbatch.simulation import simulate
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"

@@ -17,16 +17,14 @@ import pandas as pd
 import pytest
 from builders import make_scenario
 
-from simbatch import streams
-from simbatch.capacity import fleet_stability, stability
+from simbatch.analysis.capacity import fleet_stability, stability
+from simbatch.analysis.fleet import imbalance, per_replica
+from simbatch.app.plots import series
+from simbatch.app.plots.cluster import load_imbalance, replica_load
 from simbatch.config import replica_scenarios
-from simbatch.cost import decode_throughput
+from simbatch.config.loading import ScenarioError, load_scenario
 from simbatch.engine import Engine
-from simbatch.loading import ScenarioError, load_scenario
-from simbatch.metrics.cluster import imbalance, per_replica
-from simbatch.plots import series
-from simbatch.plots.cluster import load_imbalance, replica_load
-from simbatch.router import (
+from simbatch.engine.router import (
     LeastKV,
     LeastOutstanding,
     Load,
@@ -36,6 +34,8 @@ from simbatch.router import (
     SessionAffinity,
     make_router,
 )
+from simbatch.model import streams
+from simbatch.model.cost import decode_throughput
 from simbatch.simulation import simulate
 from simbatch.workload import generate
 

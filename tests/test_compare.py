@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from simbatch.cli import app
-from simbatch.compare import CompareInputError, variants
+from simbatch.app.cli import app
+from simbatch.app.compare import CompareInputError, variants
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 LIBRARY = sorted(SCENARIOS.glob("*.yaml"))
@@ -139,8 +139,8 @@ def test_per_tenant_and_per_replica_rows_are_kept(tmp_path):
                        ("replica 1: output (tok/s)", "replica_1_output_throughput")):
         assert row(result.stdout, label)[0] == f"{summary[key]:,.{1 if 'TTFT' in label or 'tok' in label else 2}f}"
     # A sweep's summary.csv gets the same keys as columns: its runs are summarized alike.
-    from simbatch.loading import load_scenario
-    from simbatch.sweep.runner import simulate_run
+    from simbatch.app.sweep.runner import simulate_run
+    from simbatch.config.loading import load_scenario
 
     record = simulate_run(load_scenario(SCENARIOS / "priority_tiers.yaml",
                                         ["workload.duration_s=10", "cluster.replicas=2"]))

@@ -14,11 +14,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_cli import invoke, table_value
 
-from simbatch.capacity import expected_stability, mean_context_tokens, stability
-from simbatch.clock import step_ns
+from simbatch.analysis.capacity import expected_stability, mean_context_tokens, stability
 from simbatch.config import Device, Scenario
-from simbatch.cost import LinearCost, StepRun, floor_sum, step_time_s
 from simbatch.engine import Engine
+from simbatch.model.clock import step_ns
+from simbatch.model.cost import LinearCost, StepRun, floor_sum, step_time_s
 from simbatch.schedulers import StepPlan
 from simbatch.simulation import simulate
 from simbatch.workload import generate

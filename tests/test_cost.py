@@ -9,10 +9,10 @@ import math
 
 import pytest
 
-from simbatch.capacity import stability
+from simbatch.analysis.capacity import stability
 from simbatch.config import Device
-from simbatch.cost import batch_for_fraction, decode_throughput, roofline_tokens_per_s, step_time_s
-from simbatch.kv import blocks_for, peak_kv_tokens
+from simbatch.memory.kv import blocks_for, peak_kv_tokens
+from simbatch.model.cost import batch_for_fraction, decode_throughput, roofline_tokens_per_s, step_time_s
 
 CHAPTER = Device(tau0_ms=20.0, beta_ms=0.2)
 

@@ -134,7 +134,7 @@ def test_a_dumped_scenario_loads_again():
 
 # --------------------------------------------------------------------------- capacity and placement
 def test_prefill_capacity_and_the_best_split():
-    from simbatch.capacity import best_split, pool_capacity, prefill_capacity
+    from simbatch.analysis.capacity import best_split, pool_capacity, prefill_capacity
     from simbatch.config import Device
 
     device = Device(tau0_ms=10.0, beta_ms=0.0, prefill_ms_per_token=0.02)
@@ -177,8 +177,8 @@ def test_the_cli_rejects_a_placement_it_cannot_make(tmp_path, args, words):
 
 def test_the_tables_and_the_handover_plot_show_the_pools():
     """(The run folder of scenarios/disaggregated.yaml, with plots/handover.png: tests/test_scenarios.py.)"""
-    from simbatch import report
-    from simbatch.plots.disaggregated import handover
+    from simbatch.app import report
+    from simbatch.app.plots.disaggregated import handover
 
     result = simulate(scenario(num_requests=20, rate=5.0, pools={"decode": {"count": 2}}))
     table = report.result_table(result.summary)

@@ -2,7 +2,7 @@
 
 - ``docs/scenarios.md`` is exactly what ``scripts/gen_scenarios_doc.py`` prints, and lists every key
   of the scenario's JSON Schema (an independent walk of the same models);
-- ``docs/concepts.md`` quotes the metric definitions of ``simbatch/metrics/summary.py`` verbatim and
+- ``docs/concepts.md`` quotes the metric definitions of ``simbatch/analysis/summary.py`` verbatim and
   names every key a summary can hold;
 - every relative link and image in the Markdown files resolves;
 - the README's Python example and its figure script still run.
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import simbatch
-from simbatch.metrics import summary as summary_module
+from simbatch.analysis import summary as summary_module
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKDOWN = [ROOT / "README.md", ROOT / "notebooks" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -92,7 +92,7 @@ def test_every_documented_key_has_a_meaning():
     rows = [line for line in gen.render().splitlines() if line.startswith("| `")]
     assert rows
     blank = [_cells(row)[0] for row in rows if not _cells(row)[-1]]
-    assert not blank, f"keys without a description in simbatch/config.py: {blank}"
+    assert not blank, f"keys without a description in simbatch/config/__init__.py: {blank}"
 
 
 @pytest.mark.parametrize(("key", "unit"), [
@@ -114,7 +114,7 @@ def test_concepts_quotes_the_metric_definitions_verbatim():
     block = re.search(r"<!-- BEGIN summary.py docstring -->\n```text\n(.*?)\n```\n<!-- END", text, re.DOTALL)
     assert block, "the quoted docstring block is missing from docs/concepts.md"
     assert block.group(1) == inspect.cleandoc(summary_module.__doc__), \
-        "simbatch/metrics/summary.py's docstring changed: paste it into docs/concepts.md"
+        "simbatch/analysis/summary.py's docstring changed: paste it into docs/concepts.md"
 
 
 def test_concepts_names_every_summary_key():

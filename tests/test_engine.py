@@ -11,7 +11,7 @@ import pytest
 from builders import at_once, fixed, make_scenario, spaced
 
 from simbatch import simulate
-from simbatch.cost import decode_throughput
+from simbatch.model.cost import decode_throughput
 
 
 def test_an_idle_engine_sleeps_without_ticking_and_starts_on_arrival():

@@ -14,10 +14,10 @@ import pytest
 from builders import Driver, fixed, make_scenario, req, tokens
 
 from simbatch import simulate
-from simbatch.clock import NS_PER_S
+from simbatch.analysis.fleet import per_replica
 from simbatch.config import Scenario
 from simbatch.engine import Engine
-from simbatch.metrics.cluster import per_replica
+from simbatch.model.clock import NS_PER_S
 from simbatch.workload import generate
 
 

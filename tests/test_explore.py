@@ -11,8 +11,8 @@ import pytest
 from test_cli import SCENARIOS, invoke
 
 from simbatch import simulate
-from simbatch.explore import HEADLINE, KNOBS, LESSON_REQUESTS, make_server
-from simbatch.loading import load_scenario
+from simbatch.app.explore import HEADLINE, KNOBS, LESSON_REQUESTS, make_server
+from simbatch.config.loading import load_scenario
 
 SCENARIO = SCENARIOS / "heavy_tail.yaml"
 

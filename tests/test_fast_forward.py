@@ -1,7 +1,7 @@
 """Fast-forward must be invisible: the same frames and summary as stepping one iteration at a time.
 
 Equal means equal to the bit: every count, event and time. The clock counts whole nanoseconds
-(:mod:`simbatch.clock`), so a run of n steps taken in one go ends exactly where n steps one at a time
+(:mod:`simbatch.model.clock`), so a run of n steps taken in one go ends exactly where n steps one at a time
 do, and an arrival on a step boundary is a tie both modes decide by the same rule.
 
 Two families of scenarios: random floats (rates, step times), where ties are rare, and *exact ties*:
@@ -22,9 +22,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from simbatch.analysis.summary import iterations_frame, requests_frame, summarize
 from simbatch.config import Scenario
 from simbatch.engine import Engine
-from simbatch.metrics.summary import iterations_frame, requests_frame, summarize
 from simbatch.simulation import simulate
 from simbatch.workload import generate
 
@@ -223,7 +223,7 @@ def run_lone_replica(scenario: Scenario, run_ahead: bool) -> tuple:
 @given(scenarios())
 def test_running_ahead_of_simpy_is_invisible(scenario):
     """A lone accelerated replica that applies the steps ending before the next arrival at once,
-    without SimPy events (:mod:`simbatch.engine.accelerated`), records exactly what yielding for every
+    without SimPy events (:mod:`simbatch.engine.accel.runs`), records exactly what yielding for every
     step or run records."""
     scenario = Scenario.model_validate({**scenario, "cluster": {"replicas": 1},
                                         "sim": {**scenario["sim"], "fast_forward": True}})

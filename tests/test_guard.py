@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from test_cli import SCENARIOS, invoke
 
-from simbatch import guard
-from simbatch.loading import load_scenario
+from simbatch.config import guard
+from simbatch.config.loading import load_scenario
 from simbatch.simulation import simulate
 
 SIMBATCH = Path(sys.executable).with_name("simbatch")

@@ -16,8 +16,8 @@ import pytest
 from builders import ctrl_c_reaches_the_child
 from test_cli import SCENARIOS
 
-from simbatch.errors import Terminated
-from simbatch.results import atomic_folder
+from simbatch.app.errors import Terminated
+from simbatch.app.results import atomic_folder
 
 SIMBATCH = Path(sys.executable).with_name("simbatch")
 # Long enough to be caught simulating (tens of seconds), never run to the end.

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from simbatch import simulate
 from simbatch.config import Scenario
-from simbatch.cost import step_time_s
+from simbatch.model.cost import step_time_s
 from simbatch.workload import generate
 
 TIME_TOL_S = 1e-9  # a run's end_s is start + n * step; stepping adds the step n times

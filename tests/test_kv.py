@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simbatch.config import KVCache
-from simbatch.kv import BlockPool, KVCacheManager
-from simbatch.request import Request
+from simbatch.memory.kv import BlockPool, KVCacheManager
+from simbatch.model.request import Request
 
 
 def request(i: int = 0) -> Request:

@@ -1,6 +1,6 @@
 """Metrics: the weighted statistics, every summary definition, and Little's law as a bookkeeping check.
 
-The definitions under test are the ones in ``simbatch.metrics.summary``'s docstring.
+The definitions under test are the ones in ``simbatch.analysis.summary``'s docstring.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simbatch import simulate
-from simbatch.metrics import recorder
-from simbatch.metrics.stats import describe_ms, weighted_mean_std, weighted_quantile
+from simbatch.analysis.stats import describe_ms, weighted_mean_std, weighted_quantile
+from simbatch.observe import recorder
 
 SAMPLES = st.lists(st.tuples(st.floats(-1e6, 1e6, allow_nan=False), st.integers(0, 6)), min_size=1, max_size=30)
 

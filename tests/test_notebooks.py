@@ -231,11 +231,11 @@ def test_reexecution_is_byte_stable(tmp_path):
 def test_widgets_are_not_saved_and_the_runner_draws_no_slider_panel(tmp_path):
     """A widget is a live object of its kernel: the saved notebook keeps neither its view (a random
     model id) nor its state, so re-execution stays byte-stable. The runner's kernels are headless:
-    a lesson's slider panel is not even built there (simbatch.teaching.widgets.sliders)."""
+    a lesson's slider panel is not even built there (simbatch.app.teaching.widgets.sliders)."""
     # One kernel for both cells (a kernel start is most of such a test): the panel's switch is the
     # environment the runner gives the kernel, which the widget made before does not touch.
     path = _probe(tmp_path, "import ipywidgets\nipywidgets.IntSlider(value=3)",
-                  "from simbatch.teaching import widgets\nprint(widgets.sliders() is None)")
+                  "from simbatch.app.teaching import widgets\nprint(widgets.sliders() is None)")
     nb = runner.execute(path, small=True)
     assert nb.cells[0].outputs == [] and "widgets" not in nb.metadata  # nothing random left to differ
     assert nb.cells[1].outputs[0].text == "True\n"

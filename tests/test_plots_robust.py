@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simbatch import plots
+from simbatch.app import plots
+from simbatch.app.plots.latency import histogram_edges
 from simbatch.config import Scenario
-from simbatch.plots.latency import histogram_edges
 from simbatch.simulation import simulate
 
 PNG = b"\x89PNG\r\n\x1a\n"

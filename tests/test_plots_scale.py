@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from matplotlib.image import imread
 
-from simbatch import plots
-from simbatch.loading import scenario_from_dict
-from simbatch.plots import series
-from simbatch.plots.cluster import SMALL_MULTIPLES, load_imbalance, replica_load
-from simbatch.plots.timeseries import FINE_BINS
+from simbatch.app import plots
+from simbatch.app.plots import series
+from simbatch.app.plots.cluster import SMALL_MULTIPLES, load_imbalance, replica_load
+from simbatch.app.plots.timeseries import FINE_BINS
+from simbatch.config.loading import scenario_from_dict
 from simbatch.simulation import simulate
 
 

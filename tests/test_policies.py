@@ -10,7 +10,7 @@ import pytest
 from builders import req
 
 from simbatch.config import Scheduler
-from simbatch.policies import FairQueue, WaitingQueue, make_queue, victim_key, waiting_key
+from simbatch.schedulers.policies import FairQueue, WaitingQueue, make_queue, victim_key, waiting_key
 
 
 def drain(queue: WaitingQueue) -> list[int]:

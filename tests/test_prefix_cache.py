@@ -15,9 +15,9 @@ from builders import Driver, make_scenario, req, tokens
 from test_cli import invoke
 
 from simbatch.config import KVCache, Prefix
-from simbatch.kv import KVCacheManager
-from simbatch.loading import scenario_from_dict
-from simbatch.prefix_cache import SYSTEM_PROMPT, CachingBlockPool, block_key
+from simbatch.config.loading import scenario_from_dict
+from simbatch.memory.kv import KVCacheManager
+from simbatch.memory.prefix_cache import SYSTEM_PROMPT, CachingBlockPool, block_key
 from simbatch.simulation import simulate
 from simbatch.workload.prefix import OWN_STREAM, apply_prefix
 
@@ -390,7 +390,7 @@ def test_prefix_settings_that_cannot_work_are_one_line_errors(tmp_path, sets, sa
 
 
 def test_a_caching_run_plots_its_hit_rate_and_a_comparison_shows_both(tmp_path):
-    from simbatch.plots import save_compare_plots, save_run_plots
+    from simbatch.app.plots import save_compare_plots, save_run_plots
 
     sc = scenario_from_dict({
         "workload": {"num_requests": 60, "arrival": {"rate": 4.0}, "num_sessions": 4,

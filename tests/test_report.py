@@ -17,10 +17,10 @@ import pytest
 from builders import make_scenario
 from matplotlib.figure import Figure
 
-from simbatch import plots, report, results
-from simbatch.capacity import stability
+from simbatch.analysis.capacity import stability
+from simbatch.app import plots, report, results
+from simbatch.app.plots import series
 from simbatch.config import SLO, Device
-from simbatch.plots import series
 from simbatch.simulation import simulate
 
 

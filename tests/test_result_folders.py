@@ -14,11 +14,12 @@ import pytest
 import yaml
 from test_cli import REPO, SCENARIOS, invoke, write_scenario
 
-from simbatch import __version__, results
-from simbatch.metrics.stats import describe_ms
-from simbatch.metrics.summary import itl_sample
-from simbatch.results import file_sha256, safe_name
-from simbatch.text import printable, spreadsheet_safe
+from simbatch import __version__
+from simbatch.analysis.stats import describe_ms
+from simbatch.analysis.summary import itl_sample
+from simbatch.app import results
+from simbatch.app.results import file_sha256, safe_name
+from simbatch.app.text import printable, spreadsheet_safe
 
 
 @pytest.fixture(autouse=True)
@@ -112,7 +113,7 @@ def test_two_runs_taking_the_same_name_both_keep_their_results(tmp_path, monkeyp
     second = results.default_folder("same", now=now)  # chosen before the first is written: a race
     assert first == second
     _run(SCENARIOS / "stable.yaml", "--set", "workload.num_requests=3", "--out", first)
-    from simbatch.loading import load_scenario
+    from simbatch.config.loading import load_scenario
     from simbatch.simulation import simulate
     result = simulate(load_scenario(SCENARIOS / "stable.yaml", ["workload.num_requests=3"]))
     placed = results.write_run(second, result, unique=True)

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from test_cli import RUN_FILES, SCENARIOS, invoke
 
-from simbatch.capacity import expected_stability
-from simbatch.loading import load_scenario
+from simbatch.analysis.capacity import expected_stability
+from simbatch.config.loading import load_scenario
 from simbatch.simulation import simulate
 from simbatch.workload import generate
 
@@ -216,7 +216,7 @@ def test_llama3_8b_h100_figures():
 def test_disaggregated_figures():
     """The figures disaggregated.yaml quotes: 2 : 2 against the same four GPUs collocated, the hand-over's
     two waits, and the placement search over 1 : 3, 2 : 2, 3 : 1."""
-    from simbatch.sweep.placement import best, closed_form_best, placement_search
+    from simbatch.app.sweep.placement import best, closed_form_best, placement_search
 
     split = run("disaggregated")
     s = split.summary
@@ -234,8 +234,8 @@ def test_disaggregated_figures():
 
 def test_speculative_figures():
     """The figures speculative.yaml quotes."""
-    from simbatch.cost import LinearCost
-    from simbatch.speculative import speedup
+    from simbatch.features.speculative import speedup
+    from simbatch.model.cost import LinearCost
 
     spec, plain = run("speculative"), run("speculative", "device.speculative=null")
     s = spec.summary

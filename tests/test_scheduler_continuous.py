@@ -2,7 +2,7 @@
 
 Unless a test says otherwise (see ``conftest.BASE``): 4-token blocks, 64 of them, 4 slots, a budget of
 16 tokens per step, chunked prefill on, FCFS, recompute preemption; each step lasts 1 s, so the step
-that starts at t=k ends at t=k+1. Token accounting follows ``simbatch.request``: a request with
+that starts at t=k ends at t=k+1. Token accounting follows ``simbatch.model.request``: a request with
 prompt p that has generated g tokens holds p + g - 1 computed tokens while it decodes, so its decode
 step computes token p + g and needs ceil((p + g) / block_size) blocks.
 """
@@ -16,7 +16,7 @@ import pytest
 from builders import Driver, make_scenario, req, tokens
 
 from simbatch.engine import rejection_reasons
-from simbatch.request import Status
+from simbatch.model.request import Status
 from simbatch.schedulers import IDLE
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from builders import Driver, make_scenario, req, tokens
 
-from simbatch.request import Status
+from simbatch.model.request import Status
 from simbatch.schedulers import IDLE
 
 

@@ -12,9 +12,9 @@ import pytest
 from builders import Driver, at_once, fixed, make_scenario, req, tokens
 
 from simbatch.config import Speculative
-from simbatch.cost import LinearCost
+from simbatch.features.speculative import AcceptanceStream, expected_tokens_per_step, speedup, step_ms
+from simbatch.model.cost import LinearCost
 from simbatch.simulation import simulate
-from simbatch.speculative import AcceptanceStream, expected_tokens_per_step, speedup, step_ms
 
 
 def spec(k: int = 3, alpha: float = 0.5, **cost) -> dict:
@@ -217,7 +217,7 @@ def test_speculative_settings_map_one_to_one():
 
 def test_the_stability_check_charges_a_token_the_speculating_step_over_e():
     """Capacity with speculation: B E / tau_spec(B) tokens/s; a saturated run delivers it."""
-    from simbatch.capacity import stability
+    from simbatch.analysis.capacity import stability
 
     sc = at_once(24, 16, 4000, device__beta_ms=0.1, device__speculative=spec(k=4, alpha=0.8),
                  batching__max_num_seqs=8, batching__max_num_batched_tokens=512, kv_cache__num_blocks=10_000)
@@ -234,7 +234,7 @@ def test_the_stability_check_charges_a_token_the_speculating_step_over_e():
 
 
 def test_a_speculative_run_plots_its_speedup(tmp_path):
-    from simbatch.plots import save_run_plots
+    from simbatch.app.plots import save_run_plots
 
     sc = at_once(16, 16, 120, device__speculative=spec(k=3, alpha=0.7), batching__max_num_batched_tokens=256)
     written = {p.name for p in save_run_plots(tmp_path, simulate(sc))}
@@ -242,7 +242,7 @@ def test_a_speculative_run_plots_its_speedup(tmp_path):
 
 
 def test_the_capacity_table_shows_the_speculating_step():
-    from simbatch.report import capacity_table
+    from simbatch.app.report import capacity_table
 
     device = make_scenario(device__speculative=spec(k=4, alpha=0.8), device__beta_ms=0.1).device
     row = next(line.split() for line in capacity_table(device, 8).splitlines() if line.split()[:1] == ["8"])
@@ -253,7 +253,7 @@ def test_the_capacity_table_shows_the_speculating_step():
 
 def test_each_request_may_draw_its_own_acceptance_rate():
     """With a concentration, a request's first draw is its alpha, from Beta(c alpha, c (1 - alpha))."""
-    from simbatch.speculative import tokens_per_step
+    from simbatch.features.speculative import tokens_per_step
 
     alphas = np.array([AcceptanceStream(3, i, 0.6, 5.0).alpha for i in range(4000)])
     assert abs(alphas.mean() - 0.6) < 4 * np.sqrt(0.6 * 0.4 / 6 / len(alphas))
@@ -270,7 +270,7 @@ def test_each_request_may_draw_its_own_acceptance_rate():
 def test_a_spread_squeezed_against_an_end_of_its_range_is_that_end(alpha, concentration, tokens):
     """A Beta parameter too small for a float (c alpha or c (1 - alpha) below 1e-16) is a point mass at
     0 or 1: one token a step, or all k + 1 (found by hypothesis: the quadrature refused it)."""
-    from simbatch.speculative import tokens_per_step
+    from simbatch.features.speculative import tokens_per_step
 
     spread = Speculative(**spec(k=4, alpha=alpha), acceptance_rate_concentration=concentration)
     assert tokens_per_step(spread) == pytest.approx(tokens, rel=1e-9)

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from test_cli import SCENARIOS, invoke, table_value
 
-from simbatch import results
-from simbatch.capacity import expected_stability, mean_blocks_held, memory_batch
-from simbatch.loading import load_scenario
+from simbatch.analysis.capacity import expected_stability, mean_blocks_held, memory_batch
+from simbatch.app import results
+from simbatch.config.loading import load_scenario
 from simbatch.simulation import simulate
 from simbatch.workload import generate
 

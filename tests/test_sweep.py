@@ -24,16 +24,16 @@ from hypothesis import strategies as st
 from scipy import stats
 from typer.testing import CliRunner
 
-from simbatch.cli.sweep import _progress, register
-from simbatch.cost import decode_throughput
-from simbatch.loading import load_scenario, parse_override
-from simbatch.plots.figure import MODE_COLORS, colors
+from simbatch.app.cli.sweep import _progress, register
+from simbatch.app.plots.figure import MODE_COLORS, colors
+from simbatch.app.sweep import plan, runner
+from simbatch.app.sweep import plots as sweep_plots
+from simbatch.app.sweep.aggregate import mean_ci95
+from simbatch.app.sweep.grid import GridError, expand, format_value, parse_param, parse_params, parse_values
+from simbatch.app.sweep.store import MANIFEST, POINTS
+from simbatch.config.loading import load_scenario, parse_override
+from simbatch.model.cost import decode_throughput
 from simbatch.simulation import simulate
-from simbatch.sweep import plan, runner
-from simbatch.sweep import plots as sweep_plots
-from simbatch.sweep.aggregate import mean_ci95
-from simbatch.sweep.grid import GridError, expand, format_value, parse_param, parse_params, parse_values
-from simbatch.sweep.store import MANIFEST, POINTS
 
 SCENARIO = """\
 name: tiny

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 import simbatch
-from simbatch.teaching.timeline import slot_timeline
+from simbatch.app.teaching.timeline import slot_timeline
 
 SLOTS = 6
 

@@ -11,7 +11,7 @@ matplotlib.use("Agg")  # no display in CI; the callback's plt.show() is then a n
 
 import matplotlib.pyplot as plt  # noqa: E402
 
-from simbatch.teaching import widgets  # noqa: E402
+from simbatch.app.teaching import widgets  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

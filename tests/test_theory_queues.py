@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from simbatch import theory
+from simbatch.analysis import theory
 from simbatch.config import Device
 
 DEVICE = Device(tau0_ms=20, beta_ms=0.2)

@@ -13,7 +13,7 @@ from trace_schema import check_trace, tracks
 
 from simbatch import simulate
 from simbatch.config import Scenario
-from simbatch.perfetto import PHASES, TraceObserver, trace_events
+from simbatch.observe.perfetto import PHASES, TraceObserver, trace_events
 
 # Two replicas, a small cache (preemptions), a short queue and a cluster cap (rejections of both
 # kinds), and a clock stop that cuts requests and a step short.
@@ -180,7 +180,7 @@ def test_once_the_windows_requests_have_left_the_observer_does_nothing():
 def test_a_prefill_finishing_inside_a_run_of_steps_turns_to_decode_at_its_steps_end():
     from types import SimpleNamespace
 
-    from simbatch.request import Request
+    from simbatch.model.request import Request
 
     observer = TraceObserver(Scenario.model_validate(BUSY))
     req = Request(0, 0.0, prompt_tokens=4, output_tokens=10, replica=0)

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from test_cli import SCENARIOS, invoke
 
-from simbatch import simulate, webreport
-from simbatch.loading import load_scenario
+from simbatch import simulate
+from simbatch.app import webreport
+from simbatch.config.loading import load_scenario
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +72,7 @@ def test_the_pool_series_keep_the_frames_areas(heavy):
 
 
 def test_every_result_folder_gets_a_self_contained_report(tmp_path, monkeypatch):
-    from simbatch import plots
+    from simbatch.app import plots
 
     for name in ("save_run_plots", "save_compare_plots"):  # the PNGs are not what this test is about
         monkeypatch.setattr(plots, name, lambda *args, **kwargs: [])

@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simbatch import streams
-from simbatch.clock import snap_s
 from simbatch.config import Arrival, Scenario
-from simbatch.loading import ScenarioError, scenario_from_dict
+from simbatch.config.loading import ScenarioError, scenario_from_dict
+from simbatch.model import streams
+from simbatch.model.clock import snap_s
 from simbatch.workload import WorkloadArrays, generate
 from simbatch.workload.arrivals import arrival_times
 from simbatch.workload.lengths import sample_lengths

@@ -3,9 +3,9 @@
 One SimPy process sends each request at its arrival instant: the cluster cap (``max_in_flight``), the
 router (reading live replicas, or snapshots taken ``signal_delay_ms`` earlier by a second process),
 then the chosen replica's own checks, and the replica's queue. The replicas run on their own
-(:mod:`simbatch.engine.replica`, or :mod:`simbatch.engine.accelerated` with ``sim.fast_forward``).
+(:mod:`simbatch.engine.replica`, or :mod:`simbatch.engine.accel.runs` with ``sim.fast_forward``).
 
-Time is kept in integer nanoseconds (:mod:`simbatch.clock`, which also states the tie rule: at one
+Time is kept in integer nanoseconds (:mod:`simbatch.model.clock`, which also states the tie rule: at one
 instant, the clock stop, then arrivals and snapshots, then the engines). Arrivals and snapshots are
 therefore *urgent* SimPy events; the replicas' steps and timers are normal ones.
 """
@@ -19,17 +19,17 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import simpy
 
-from simbatch.client import Client
-from simbatch.clock import NS_PER_S, Urgent, to_ns
 from simbatch.config import Scenario, replica_scenarios
-from simbatch.engine.accelerated import AcceleratedReplica
+from simbatch.engine.accel.runs import AcceleratedReplica
+from simbatch.engine.client import Client
 from simbatch.engine.disaggregated import Dispatcher
 from simbatch.engine.replica import Replica
-from simbatch.kv import blocks_for, peak_kv_tokens
-from simbatch.metrics.recorder import Recorder
-from simbatch.observers import Observer
-from simbatch.request import Request
-from simbatch.router import Load, make_router
+from simbatch.engine.router import Load, make_router
+from simbatch.memory.kv import blocks_for, peak_kv_tokens
+from simbatch.model.clock import NS_PER_S, Urgent, to_ns
+from simbatch.model.request import Request
+from simbatch.observe.observers import Observer
+from simbatch.observe.recorder import Recorder
 from simbatch.workload import WorkloadArrays
 from simbatch.workload.prefix import OWN_STREAM
 

@@ -16,7 +16,7 @@ bookkeeping; the recorder sees the decode side's, which carries the prefill side
 
 Timing. The first tokens a prefill step produces are known when it is planned, so their hand-over
 is an urgent event at the step's end, and a transfer's delivery one at its end: both come, like
-arrivals, before the engines at their instant (:mod:`simbatch.clock`), and everything the
+arrivals, before the engines at their instant (:mod:`simbatch.model.clock`), and everything the
 dispatcher does at one instant it does in request order, so the reference and the accelerated
 engines see the very same hand-overs. A transfer lasts at least 1 ns.
 """
@@ -28,12 +28,12 @@ from collections.abc import Sequence
 import numpy as np
 import simpy
 
-from simbatch import streams
-from simbatch.clock import NS_PER_S, Urgent, to_ns
 from simbatch.config import Scenario
-from simbatch.metrics.recorder import Recorder
-from simbatch.request import Request
-from simbatch.router import make_router
+from simbatch.engine.router import make_router
+from simbatch.model import streams
+from simbatch.model.clock import NS_PER_S, Urgent, to_ns
+from simbatch.model.request import Request
+from simbatch.observe.recorder import Recorder
 
 
 def _by_id(req: Request) -> int:

@@ -9,10 +9,10 @@
 With nothing to do the loop sleeps, without ticking, until a request arrives (``submit`` wakes it)
 or a batching timer falls due. Every step is one SimPy event, and the scheduler plans every request
 one at a time: this is the reference engine (``sim.fast_forward: false``), which the accelerated one
-(:mod:`simbatch.engine.accelerated`) must match frame for frame.
+(:mod:`simbatch.engine.accel.runs`) must match frame for frame.
 
 Times cross into the scheduler and the recorder in seconds; the loop itself counts whole
-nanoseconds (:mod:`simbatch.clock`).
+nanoseconds (:mod:`simbatch.model.clock`).
 """
 
 from __future__ import annotations
@@ -21,13 +21,21 @@ from collections.abc import Sequence
 
 import simpy
 
-from simbatch.clock import NS_PER_S, Late, ceil_ns
 from simbatch.config import Scenario
-from simbatch.cost import LinearCost
-from simbatch.metrics.recorder import Recorder, StepShape, replaced
-from simbatch.observers import Observer
-from simbatch.request import Request
+from simbatch.engine.accel.lockstep import LockstepScheduler
+from simbatch.model.clock import NS_PER_S, Late, ceil_ns
+from simbatch.model.cost import LinearCost
+from simbatch.model.request import Request
+from simbatch.observe.observers import Observer
+from simbatch.observe.recorder import Recorder, StepShape, replaced
 from simbatch.schedulers import IDLE, BaseScheduler, Idle, SleepUntil, StepPlan, make_scheduler
+
+
+def scheduler_for(scenario: Scenario, tenant_names: tuple[str, ...] = ("default",)) -> BaseScheduler:
+    """The scheduler an engine of ``scenario`` runs: continuous batching's accelerated twin, the lockstep
+    scheduler, under ``sim.fast_forward``; the model's own otherwise."""
+    accelerated = scenario.sim.fast_forward and scenario.batching.mode == "continuous"
+    return make_scheduler(scenario, tenant_names, LockstepScheduler if accelerated else None)
 
 
 class Replica:
@@ -40,7 +48,7 @@ class Replica:
         self.index = index
         self.device = scenario.device
         self.cost = LinearCost.of(scenario.device, scenario.kv_cache.swap_ms_per_block)
-        self.scheduler: BaseScheduler = make_scheduler(scenario, tenant_names)
+        self.scheduler: BaseScheduler = scheduler_for(scenario, tenant_names)
         self.recorder = recorder
         self.observers = tuple(observers)
         # Told of every step: only those that listen (the recorder keeps rows, not memberships).

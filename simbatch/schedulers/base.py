@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from operator import attrgetter
 
 from simbatch.config import Scenario
-from simbatch.kv import KVCacheManager
-from simbatch.policies import WaitingQueue
-from simbatch.request import FINISHED, RUNNING, WAITING, Request
+from simbatch.memory.kv import KVCacheManager
+from simbatch.model.request import FINISHED, RUNNING, WAITING, Request
+from simbatch.schedulers.policies import WaitingQueue
 
 
 @dataclass(slots=True)
@@ -44,7 +44,7 @@ class StepPlan:
     # over chunks of c tokens after k cached. Doubled so that it is an integer.
     kv_tokens: int = 0
     attention_pairs_x2: int = 0
-    # Speculative decoding (simbatch.speculative): drafts verified (costed at gamma), the drafter's
+    # Speculative decoding (simbatch.features.speculative): drafts verified (costed at gamma), the drafter's
     # sequential passes (the most drafts of any request), and the speculating sequences and their context.
     draft_tokens: int = 0
     draft_steps: int = 0
@@ -159,7 +159,7 @@ class BaseScheduler(ABC):
 
     def _emit_token(self, req: Request, end_s: float, step: int, outcome: StepOutcome, n: int = 1) -> None:
         """``req`` sampled ``n`` tokens at the end of ``step`` (more than one: accepted drafts), streamed
-        as one chunk, which is one inter-token gap (simbatch.metrics.summary)."""
+        as one chunk, which is one inter-token gap (simbatch.analysis.summary)."""
         if req.num_generated == 0:
             req.first_token_s = end_s
         elif req.last_token_step == step - 1:

@@ -6,7 +6,7 @@ Every step the running set is chosen afresh (Orca), and each request gets a slic
 1. **Decodes first.** Every running request that is decoding gets its one token, and one more KV
    block if it crosses a block boundary, in running (admission) order. If blocks are short, a victim
    is preempted and the allocation retried. Victims rank below the requester
-   (:mod:`simbatch.policies`: the newest admitted, or the worst priority), so never the request
+   (:mod:`simbatch.schedulers.policies`: the newest admitted, or the worst priority), so never the request
    itself, and never one that outranks it: two requests short of memory cannot take turns evicting
    each other, the higher-ranked one always progresses. With no such victim the request stalls this
    step, keeping its blocks.
@@ -18,7 +18,7 @@ Every step the running set is chosen afresh (Orca), and each request gets a slic
    once, its work discarded), unless the preemptions left nothing running. Under the ``priority``
    policy a waiting request may evict a running one of strictly worse priority.
 
-Speculative decoding (``device.speculative``, :mod:`simbatch.speculative`): in rule 1 a decoding
+Speculative decoding (``device.speculative``, :mod:`simbatch.features.speculative`): in rule 1 a decoding
 request takes its token and ``d`` drafts, ``d = min(k, tokens it still needs - 1, budget left - 1
 for each decode after it)``, with blocks for all ``1 + d``; at the end of the step it accepts ``A``
 of them (from its own acceptance stream), computes ``A + 1`` tokens and emits ``A + 1``.
@@ -39,18 +39,18 @@ of the budget (prompts larger than the budget are rejected at arrival); a recomp
 which can exceed the budget, is still split so a preempted request can always return.
 
 This class is the model: it schedules every request one at a time, exactly as written above, and the
-reference engine (``sim.fast_forward: false``) runs it. :class:`~simbatch.schedulers.lockstep.LockstepScheduler`
+reference engine (``sim.fast_forward: false``) runs it. :class:`~simbatch.engine.accel.lockstep.LockstepScheduler`
 is its accelerated twin, which must plan the very same steps.
 """
 
 from __future__ import annotations
 
 from simbatch.config import Scenario
-from simbatch.kv import KVCacheManager, blocks_for
-from simbatch.policies import WaitingQueue, victim_key, waiting_key
-from simbatch.request import FINISHED, RUNNING, WAITING, Request
+from simbatch.features.speculative import AcceptanceStream
+from simbatch.memory.kv import KVCacheManager, blocks_for
+from simbatch.model.request import FINISHED, RUNNING, WAITING, Request
 from simbatch.schedulers.base import IDLE, BaseScheduler, Idle, StepOutcome, StepPlan
-from simbatch.speculative import AcceptanceStream
+from simbatch.schedulers.policies import WaitingQueue, victim_key, waiting_key
 
 
 def _admission_order(req: Request) -> int:
@@ -77,7 +77,7 @@ class ContinuousScheduler(BaseScheduler):
         self._victim_key = victim_key(s)
         self._waiting_key = waiting_key(s)
         spec = scenario.device.speculative
-        self.num_spec = spec.num_speculative_tokens if spec else 0  # k: drafts per decode (simbatch.speculative)
+        self.num_spec = spec.num_speculative_tokens if spec else 0  # k: drafts per decode (simbatch.features.speculative)
         self._alpha = spec.acceptance_rate if spec else 0.0
         self._concentration = spec.acceptance_rate_concentration if spec else None
         # Planning state of the step being built.
@@ -146,7 +146,7 @@ class ContinuousScheduler(BaseScheduler):
     def _schedule_decodes(self, now: float, plan: StepPlan) -> None:
         """Rule 1: each decoding request, in running order, its token and the block it may need.
 
-        With speculative decoding, its token and its drafts (:mod:`simbatch.speculative`): no more
+        With speculative decoding, its token and its drafts (:mod:`simbatch.features.speculative`): no more
         than it still needs, and leaving one token of the budget for each decode after it."""
         after = len(self.running) - len(self._prefilling) if self.num_spec else 0  # decodes not yet planned
         for req in list(self.running):  # a snapshot: victims leave mid-loop
@@ -373,7 +373,7 @@ class ContinuousScheduler(BaseScheduler):
                 emitted = n = 1 + self._accepted(req, n - 1)  # the rejected drafts' slots roll back
             req.num_computed_tokens += n
             if publish is not None and req.prefill_pending:
-                publish(req)  # a prefill chunk's full blocks are findable at once (simbatch.prefix_cache)
+                publish(req)  # a prefill chunk's full blocks are findable at once (simbatch.memory.prefix_cache)
             if req.num_computed_tokens < req.prompt_tokens + req.num_generated:
                 continue  # a prefill chunk with more to come
             if req.prefill_pending:

@@ -29,10 +29,10 @@ from __future__ import annotations
 from collections import deque
 
 from simbatch.config import Scenario
-from simbatch.kv import KVCacheManager, peak_kv_tokens
-from simbatch.policies import WaitingQueue
-from simbatch.request import Request, Status
+from simbatch.memory.kv import KVCacheManager, peak_kv_tokens
+from simbatch.model.request import Request, Status
 from simbatch.schedulers.base import IDLE, Answer, BaseScheduler, SleepUntil, StepOutcome, StepPlan
+from simbatch.schedulers.policies import WaitingQueue
 
 
 class RequestLevelScheduler(BaseScheduler):

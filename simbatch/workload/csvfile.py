@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from simbatch.loading import Problem, ScenarioError
+from simbatch.config.loading import Problem, ScenarioError
 
 _HEADER_LINE = 1  # CSV line numbers are 1-based and the header takes the first
 

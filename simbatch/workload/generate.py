@@ -1,7 +1,7 @@
 """From a scenario to the full list of requests, as columns, before the simulation starts.
 
 The workload is drawn up front and independently of everything downstream, from its own seeded
-streams (:mod:`simbatch.streams`): arrival times from one, class assignment from another, each
+streams (:mod:`simbatch.model.streams`): arrival times from one, class assignment from another, each
 class's prompt and output lengths from streams of their own. So two runs that differ only in
 batching mode, scheduler policy or device see request for request the same traffic (common random
 numbers), and a difference in their metrics is the mode's doing, not the dice's.
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simbatch import streams
-from simbatch.clock import snap_s
 from simbatch.config import RequestClass, Scenario
+from simbatch.model import streams
+from simbatch.model.clock import snap_s
 from simbatch.workload.arrivals import arrival_times
 from simbatch.workload.lengths import sample_lengths
 from simbatch.workload.prefix import OWN_STREAM, apply_prefix
@@ -104,7 +104,7 @@ def generate(scenario: Scenario) -> WorkloadArrays:
         replay = load_trace(wl.trace, scenario, wl.num_requests, wl.duration_s)
         arrival_s, prompt_tokens, output_tokens = replay.arrival_s, replay.prompt_tokens, replay.output_tokens
     elif wl.closed_loop is not None:
-        arrival_s = np.zeros(wl.num_requests)  # users send when ready (simbatch.client); nothing is scheduled
+        arrival_s = np.zeros(wl.num_requests)  # users send when ready (simbatch.engine.client); nothing is scheduled
     else:
         arrival_s = arrival_times(wl.arrival, streams.rng(seed, streams.ARRIVALS), wl.num_requests,
                                   wl.duration_s)

@@ -6,7 +6,7 @@ and its prompt is the first ``prompt_tokens`` tokens of that stream. Two request
 agree on every token both have. A conversation is one stream: turn k's prompt is every earlier
 turn's prompt and output, then the new tokens. A request outside any conversation has a stream of
 its own. The shared system prompt is the first ``shared_tokens`` tokens of the streams that start
-with it, whatever the stream (see :func:`simbatch.prefix_cache.block_key`).
+with it, whatever the stream (see :func:`simbatch.memory.prefix_cache.block_key`).
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ def load_trace(trace: Trace, scenario: Scenario, num_requests: int | None,
     order, and that is no reason to refuse them. ``num_requests`` then keeps the first that many
     arrivals and ``duration_s`` those arriving before it (in scaled time). Every row is checked,
     kept or not, so a damaged file is found on its first use. A bad row raises
-    :class:`~simbatch.loading.ScenarioError` naming its line.
+    :class:`~simbatch.config.loading.ScenarioError` naming its line.
     """
     path = scenario.resolve(trace.path)
     frame = csvfile.read_table(path, _WHERE)

@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 from replicate import Estimate
 
-from simbatch.metrics.cluster import per_replica
+from simbatch.analysis.fleet import per_replica
 
 N = 4
 DEVICE = {"tau0_ms": 20.0, "beta_ms": 0.2, "prefill_ms_per_token": 0.1}

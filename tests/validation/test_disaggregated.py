@@ -13,7 +13,7 @@ request (O - 1 decoding and the step its KV arrives in), so B slots of steps tau
 mu_d = B / (O tau0). The cluster carries min(mu_p, mu_d): just above it, the number waiting in the
 binding pool grows as (lambda - min) t and the other pool's stays bounded; just below, both stay
 bounded. Slopes are least-squares fits of each pool's num_waiting over the steps after a warm-up (one
-replica a pool). The capacities ``simbatch.capacity`` gives are checked equal to mu_p and mu_d.
+replica a pool). The capacities ``simbatch.analysis.capacity`` gives are checked equal to mu_p and mu_d.
 
 Placement: of N replicas, the split with the most simulated throughput (every request at t = 0, so
 each split runs saturated) is the closed form's, the p maximising min(p mu_p, (N - p) mu_d).
@@ -26,10 +26,10 @@ from functools import partial
 import pytest
 from replicate import ols_slope
 
-from simbatch.capacity import expected_stability
-from simbatch.clock import to_ns
+from simbatch.analysis.capacity import expected_stability
 from simbatch.config import Device
-from simbatch.cost import LinearCost
+from simbatch.model.clock import to_ns
+from simbatch.model.cost import LinearCost
 from simbatch.schedulers import StepPlan
 from simbatch.workload import generate
 
@@ -152,12 +152,12 @@ def test_capacity_is_the_smaller_pool(sim, check, mode, binding, slots):
     seeds = range(mode.pick(3, 12))
     warmup, duration = 5.0, mode.pick(15.0, 60.0)
     spec = _capacity_spec(0, 1.2 * capacity, 1, 1, slots, duration)
-    from simbatch.loading import scenario_from_dict
+    from simbatch.config.loading import scenario_from_dict
 
     scenario = scenario_from_dict(spec)
     st = expected_stability(scenario, generate(scenario))
-    check.exact("simbatch.capacity's prefill capacity, T / (P tau(T))", MU_P, st.prefill_capacity_requests_per_s)
-    check.exact("simbatch.capacity's decode capacity, B / (O tau0)", mu_d, st.decode_capacity_requests_per_s)
+    check.exact("simbatch.analysis.capacity's prefill capacity, T / (P tau(T))", MU_P, st.prefill_capacity_requests_per_s)
+    check.exact("simbatch.analysis.capacity's decode capacity, B / (O tau0)", mu_d, st.decode_capacity_requests_per_s)
     check.exact("the verdict's binding pool is the smaller (1 = yes)", 1, int(st.pool == binding and not st.stable))
     for factor in (1.2, 0.8):
         specs = [_capacity_spec(s, factor * capacity, 1, 1, slots, duration) for s in seeds]
@@ -178,8 +178,8 @@ def test_placement_finds_the_closed_form_split(check, mode):
     """Six replicas, decode 4 slots each: p mu_p against (6 - p) mu_d is 65.6 p against 19.0 (6 - p),
     best at p = 2 (min 76.2 req/s). Every request arrives at t = 0 (200 quick, 2,000 full), so each
     split runs saturated; the simulated best is the split with the most requests per second."""
-    from simbatch.loading import scenario_from_dict
-    from simbatch.sweep.placement import closed_form_best, placement_search
+    from simbatch.app.sweep.placement import closed_form_best, placement_search
+    from simbatch.config.loading import scenario_from_dict
 
     seeds = range(mode.pick(2, 5))
     found = []

@@ -14,7 +14,7 @@ alpha b + tau0. Then:
   phi1 = 3 tau0/(2(1 - lambda alpha)) + alpha (2 + lambda alpha)/(2(1 - (lambda alpha)^2)) (Theorem 2).
 
 The paper itself could not be read here; the model and the E[W] relation are as summarized from it
-by third parties, and ``simbatch.theory`` derives all three results again (its docstrings): the bound
+by third parties, and ``simbatch.analysis.theory`` derives all three results again (its docstrings): the bound
 follows from E[B] >= 1 (phi0) and E[B] >= lambda tau0 / (1 - lambda alpha) (phi1).
 
 Mapping: ``batching.mode: dynamic`` with ``max_queue_delay_ms: 0`` dispatches as soon as the server
@@ -34,7 +34,7 @@ from functools import partial
 import numpy as np
 import pytest
 
-from simbatch import theory
+from simbatch.analysis import theory
 
 TAU0_MS, GAMMA_MS, PROMPT = 20.0, 0.1, 100
 ALPHA_S = GAMMA_MS * PROMPT / 1e3  # 10 ms per request in the batch

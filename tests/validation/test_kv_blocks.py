@@ -5,7 +5,7 @@ occupies ceil(600/16) = 38 blocks, so floor(400/38) = 10 such requests fit at on
 prompt fills 3 blocks (48 token slots), so the KV entries of 8 generated tokens still fit and the
 9th needs a fourth block; 64 requests at 100 tokens need 64 ceil(100/16) = 448 blocks, more than
 400, so memory binds before the 64-sequence cap does. Exact arithmetic, no replications: each
-figure is read from ``simbatch.kv.blocks_for``, from ``simbatch.kv.KVCacheManager``, from a
+figure is read from ``simbatch.memory.kv.blocks_for``, from ``simbatch.memory.kv.KVCacheManager``, from a
 continuous scheduler stepped by hand, or from the ``kv_blocks_used`` and ``batch_size`` columns of a
 simulated run.
 """
@@ -15,9 +15,9 @@ from __future__ import annotations
 import pytest
 
 from simbatch.config import KVCache
-from simbatch.kv import KVCacheManager, blocks_for
-from simbatch.loading import scenario_from_dict
-from simbatch.request import Request
+from simbatch.config.loading import scenario_from_dict
+from simbatch.memory.kv import KVCacheManager, blocks_for
+from simbatch.model.request import Request
 from simbatch.schedulers import make_scheduler
 
 TOY_KV = {"block_size": 16, "num_blocks": 400}

@@ -9,7 +9,7 @@ wait is the Pollaczek-Khinchine formula
     Wq = lambda E[S^2] / (2 (1 - rho)),   rho = lambda E[S]
 
 (F. Pollaczek 1930, A. Khinchine 1932; L. Kleinrock, *Queueing Systems* vol. 1, 1975, eq. 5.105).
-E[S] and E[S^2] are computed exactly from the length distribution (``simbatch.theory``): for
+E[S] and E[S^2] are computed exactly from the length distribution (``simbatch.analysis.theory``): for
 ``exponential`` outputs, O = ceil(Exp(mean)) is geometric, P(O = k) = q^(k-1)(1 - q) with
 q = exp(-1/mean). The simulated Wq of a request is ``first_scheduled_s - arrival_s``.
 
@@ -24,7 +24,7 @@ from functools import partial
 
 import pytest
 
-from simbatch import theory
+from simbatch.analysis import theory
 from simbatch.config import Device, Exponential, Fixed
 
 DEVICE = {"tau0_ms": 20.0, "beta_ms": 0.2, "prefill_ms_per_token": 0.1}

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import pytest
 
-from simbatch import theory
+from simbatch.analysis import theory
 from simbatch.config import Device, Fixed
-from simbatch.cost import decode_throughput, roofline_tokens_per_s
+from simbatch.model.cost import decode_throughput, roofline_tokens_per_s
 
 DEVICE = {"tau0_ms": 20.0, "beta_ms": 0.2}
 CHAPTER_TOKENS_PER_S = {8: 370.4, 32: 1212.1, 64: 1951.2}  # exercise 2, rounded to 0.1

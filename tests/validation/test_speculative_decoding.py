@@ -8,7 +8,7 @@ mean acceptance length) must match it within the replications' interval. A reque
 propose fewer than k drafts (never one past its last token); with outputs of thousands of tokens
 they are under 1 step in 500, a bias well inside the interval.
 
-The step's cost (simbatch/cost.py): B sequences verifying k drafts each take
+The step's cost (simbatch/model/cost.py): B sequences verifying k drafts each take
 tau0 + beta B + gamma k B plus k drafter passes, each ``draft_cost_ms`` or ``draft_cost_fraction``
 times tau0 + beta B: checked exactly on every step of a run where B requests speculate at once.
 
@@ -26,8 +26,8 @@ from __future__ import annotations
 import pytest
 
 from simbatch.config import Device, Speculative
-from simbatch.cost import LinearCost
-from simbatch.speculative import expected_tokens_per_step, step_ms, tokens_per_step
+from simbatch.features.speculative import expected_tokens_per_step, step_ms, tokens_per_step
+from simbatch.model.cost import LinearCost
 
 DEVICE = {"tau0_ms": 10.0, "beta_ms": 0.1, "prefill_ms_per_token": 0.1}
 

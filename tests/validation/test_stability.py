@@ -1,7 +1,7 @@
 """7: Stability: a bounded queue below capacity, linear growth at lambda - mu_max above it
 
 Continuous batching with B slots, all busy, completes requests at
-mu_max = 1 / (tau0 E[L]/B + beta (E[L] - 1) + gamma E[P]) (``simbatch.theory.continuous_request_cost_s``:
+mu_max = 1 / (tau0 E[L]/B + beta (E[L] - 1) + gamma E[P]) (``simbatch.analysis.theory.continuous_request_cost_s``:
 every step samples B tokens; a request's slot pays beta in its L - 1 decode steps). Below mu_max the
 number in system N(t) is a positive-recurrent process, so its time average converges (the ergodic
 theorem for regenerative processes; S. Asmussen, *Applied Probability and Queues*, 2003, ch. VI):
@@ -28,7 +28,7 @@ from functools import partial
 import pytest
 from replicate import ols_slope
 
-from simbatch import theory
+from simbatch.analysis import theory
 from simbatch.config import Device, Exponential
 
 DEVICE = {"tau0_ms": 20.0, "beta_ms": 0.2}

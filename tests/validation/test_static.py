@@ -11,11 +11,11 @@ For continuous exponential lengths E[max] = H_B E[L] with H_B = 1 + 1/2 + ... + 
 Acta Math. Acad. Sci. Hungar. 4, 1953: the gaps between exponential order statistics are
 independent exponentials), so the share is 1/H_B. The simulator's ``exponential`` length is
 ceil(Exp(mean)), geometric, so the exact discrete E[max] = sum_k (1 - F(k)^B) is the theory here
-(``simbatch.theory.expected_max_length``); H_B E[L] is reported next to it.
+(``simbatch.analysis.theory.expected_max_length``); H_B E[L] is reported next to it.
 
 Continuous batching backfills every freed slot at the next step, so at saturation every step is
 full: its throughput is E[L] / (tau0 E[L]/B + beta (E[L] - 1)) against static's
-B E[L] / (tau0 + (E[max] - 1) tau(B)) (``simbatch.theory``), a ratio close to E[max]/E[L], about H_B:
+B E[L] / (tau0 + (E[max] - 1) tau(B)) (``simbatch.analysis.theory``), a ratio close to E[max]/E[L], about H_B:
 the chapter's "throughput multiplier" of backfilling.
 
 Runs: N = B x batches requests at t = 0 (``rate: inf``), fixed 16-token prompts (no prompt padding,
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import pytest
 
-from simbatch import theory
+from simbatch.analysis import theory
 from simbatch.config import Device, Exponential
 
 DEVICE = {"tau0_ms": 20.0, "beta_ms": 0.2}

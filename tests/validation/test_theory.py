@@ -1,6 +1,6 @@
-"""0: Lengths and formulas: simbatch.theory describes the laws the simulator draws from
+"""0: Lengths and formulas: simbatch.analysis.theory describes the laws the simulator draws from
 
-Every other check computes its theory from ``simbatch.theory``; this one checks that module itself.
+Every other check computes its theory from ``simbatch.analysis.theory``; this one checks that module itself.
 The length samplers of ``simbatch.workload.lengths`` must draw from the probability mass functions
 ``theory.length_pmf`` assumes, discreteness included (``exponential`` is ceil(Exp(mean)), geometric;
 ``max`` piles the tail onto the cap): the replication means of E[L] and of the maximum of 8 i.i.d.
@@ -17,9 +17,9 @@ import math
 import numpy as np
 import pytest
 
-from simbatch import theory
+from simbatch.analysis import theory
 from simbatch.config import Choice, Device, Exponential, Fixed, Uniform, Zipf
-from simbatch.loading import scenario_from_dict
+from simbatch.config.loading import scenario_from_dict
 from simbatch.workload.lengths import sample_lengths
 
 DISTS = {

@@ -1,0 +1,103 @@
+"""``vllm bench serve``'s flags, spelled as vLLM spells them, turned into scenario overrides.
+
+Each flag is a shorthand for a scenario key (the table in docs/concepts.md maps them all), applied
+after ``--set`` like any dedicated option, so its errors read as the file's would:
+
+- ``--request-rate R`` -> ``workload.arrival.rate`` (``inf`` sends everything at t = 0);
+- ``--burstiness B`` -> ``workload.arrival.process=gamma``, ``workload.arrival.burstiness=B``
+  (gamma gaps of shape B; 1 is Poisson);
+- ``--num-prompts N`` -> ``workload.num_requests``;
+- ``--max-concurrency N`` -> ``workload.max_concurrency``;
+- ``--percentile-metrics ttft,tpot`` -> ``metrics.percentile_metrics``;
+- ``--metric-percentiles 50,90,99.9`` -> ``metrics.metric_percentiles``;
+- ``--goodput "ttft:500 tpot:50"`` -> ``slo.ttft_ms``, ``slo.tpot_ms`` (and ``e2el``), in ms.
+  vLLM takes the pairs as separate words after one flag; here they are one value, or the flag repeated.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated
+
+import typer
+
+from simbatch.app.cli.common import BadInput
+from simbatch.config import LATENCY_METRICS
+
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")
+
+RequestRateOpt = Annotated[str | None, typer.Option(
+    "--request-rate", metavar="R", help="Mean arrival rate, requests/s; inf sends all at t=0 "
+    "(sets workload.arrival.rate).", show_default=False)]
+BurstinessOpt = Annotated[float | None, typer.Option(
+    "--burstiness", metavar="B", help="Gamma-shaped arrival gaps of shape B: 1 Poisson, <1 burstier "
+    "(sets workload.arrival.process=gamma and .burstiness).", show_default=False)]
+NumPromptsOpt = Annotated[int | None, typer.Option(
+    "--num-prompts", metavar="N", help="Requests to send (sets workload.num_requests).", show_default=False)]
+MaxConcurrencyOpt = Annotated[int | None, typer.Option(
+    "--max-concurrency", metavar="N", help="At most N requests in flight; later ones wait at the client "
+    "(sets workload.max_concurrency).", show_default=False)]
+PercentileMetricsOpt = Annotated[str | None, typer.Option(
+    "--percentile-metrics", metavar="M1,M2", help="Latencies to report percentiles of: "
+    "ttft,tpot,itl,e2el (sets metrics.percentile_metrics).", show_default=False)]
+MetricPercentilesOpt = Annotated[str | None, typer.Option(
+    "--metric-percentiles", metavar="P1,P2", help="Percentiles to report, e.g. 50,90,99.9 "
+    "(sets metrics.metric_percentiles).", show_default=False)]
+GoodputOpt = Annotated[list[str] | None, typer.Option(
+    "--goodput", metavar="METRIC:MS", help="Per-request SLOs for goodput, vLLM's syntax: "
+    "--goodput 'ttft:500 tpot:50' (ttft, tpot, e2el; ms; sets slo.*_ms).", show_default=False)]
+
+
+def _number(flag: str, text: str, what: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and (math.isfinite(value) or what == "rate")):
+        raise BadInput(f"{flag} {text}: expected a positive number ({what}), e.g. {flag} 4")
+    return value
+
+
+def goodput_overrides(items: list[str]) -> list[str]:
+    """``["ttft:500 tpot:50"]`` -> ``["slo.ttft_ms=500.0", "slo.tpot_ms=50.0"]``."""
+    out = []
+    for pair in (p for item in items for p in item.split()):
+        metric, sep, limit = pair.partition(":")
+        if not sep or metric not in GOODPUT_METRICS:
+            raise BadInput(f"--goodput {pair}: expected METRIC:MS with METRIC one of {', '.join(GOODPUT_METRICS)}, "
+                           "e.g. --goodput 'ttft:500 tpot:50'")
+        out.append(f"slo.{metric}_ms={_number('--goodput', limit, 'a limit in ms')!r}")
+    return out
+
+
+def _list(flag: str, text: str, allowed: tuple[str, ...] | None = None) -> str:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise BadInput(f"{flag} {text!r}: give a comma-separated list")
+    if allowed is not None:
+        unknown = [t for t in items if t not in allowed]
+        if unknown:
+            raise BadInput(f"{flag} {text}: {unknown[0]!r} is not one of {', '.join(allowed)}")
+        return "[" + ", ".join(items) + "]"
+    return "[" + ", ".join(repr(_number(flag, t, "a percentile")) for t in items) + "]"
+
+
+def bench_overrides(request_rate: str | None = None, burstiness: float | None = None,
+                    num_prompts: int | None = None, max_concurrency: int | None = None,
+                    percentile_metrics: str | None = None, metric_percentiles: str | None = None,
+                    goodput: list[str] | None = None) -> list[str]:
+    """The scenario overrides these flags stand for, in ``--set`` syntax (None: flag not given)."""
+    out = []
+    if request_rate is not None:
+        out.append(f"workload.arrival.rate={_number('--request-rate', request_rate, 'rate')!r}")
+    if burstiness is not None:
+        out += ["workload.arrival.process=gamma", f"workload.arrival.burstiness={burstiness!r}"]
+    if num_prompts is not None:
+        out.append(f"workload.num_requests={num_prompts}")
+    if max_concurrency is not None:
+        out.append(f"workload.max_concurrency={max_concurrency}")
+    if percentile_metrics is not None:
+        out.append(f"metrics.percentile_metrics={_list('--percentile-metrics', percentile_metrics, LATENCY_METRICS)}")
+    if metric_percentiles is not None:
+        out.append(f"metrics.metric_percentiles={_list('--metric-percentiles', metric_percentiles)}")
+    return out + goodput_overrides(goodput or [])

@@ -1,0 +1,18 @@
+"""Errors a user's request can cause that are not a bad scenario (those are
+:class:`~simbatch.config.loading.ScenarioError`): light enough for the command line to import before it
+imports anything heavy."""
+
+from __future__ import annotations
+
+
+class OutputError(Exception):
+    """The result folder cannot be written where asked; the message says why and what to do."""
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread like Ctrl-C's KeyboardInterrupt, so cleanup runs the same way."""
+
+
+def raise_terminated(signum, frame) -> None:
+    """A SIGTERM handler: raise :class:`Terminated` where the main thread is."""
+    raise Terminated

@@ -1,0 +1,1 @@
+"""Accelerations of the engine: the same frames as the reference, bit for bit, in fewer events."""

@@ -1,0 +1,325 @@
+"""Continuous batching, accelerated: the decodes advance in lockstep, and runs of identical steps in one go.
+
+:class:`LockstepScheduler` plans exactly the steps :class:`~simbatch.schedulers.continuous.ContinuousScheduler`
+plans (the tests hold them to it, frame for frame), at a cost that follows the requests that change in
+a step rather than the batch size.
+
+Lockstep decodes. Between events, every decoding request computes one token and samples one per
+step, so the scheduler does not touch them one by one: they form a *group* that advances with a
+clock. A member's counters are not touched as it advances: the :class:`~simbatch.model.request.Request`
+reads them through the clock (stored values plus the steps since it joined), so they are always true
+and cost nothing per step. The blocks the group needs each step follow from each member's position
+within its block, counted per residue of the clock (``_phase``, stored twice over so that any ``block_size``
+consecutive steps are one slice of it); the next completion is the top of a heap. A step then costs
+the requests that change in it, not the batch size, and a run of identical steps costs O(block_size).
+Anything unusual (a block shortage, a preemption) takes the member out of the group, and the
+one-request-at-a-time rules apply unchanged.
+
+Fast-forward. A plan of lockstep decodes alone repeats, step after step, until a member finishes or
+the next block cannot be had (``repeatable_steps``); the engine takes such a run as one timeout.
+
+Speculative decoding declines both: a speculating decode emits a random number of tokens each step,
+so no two steps are alike. Its requests never join the group, every step is planned by the model's
+rules one request at a time, and ``repeatable_steps`` is 1 (a plan without a group).
+"""
+
+from __future__ import annotations
+
+import heapq
+from operator import attrgetter, mul
+
+from simbatch.config import Scenario
+from simbatch.memory.kv import KVCacheManager, blocks_for
+from simbatch.model.request import RUNNING, Request
+from simbatch.schedulers.base import IDLE, Idle, StepOutcome, StepPlan
+from simbatch.schedulers.continuous import ContinuousScheduler
+from simbatch.schedulers.policies import WaitingQueue
+
+
+class LockstepScheduler(ContinuousScheduler):
+    def __init__(self, scenario: Scenario, kv: KVCacheManager, waiting: WaitingQueue):
+        super().__init__(scenario, kv, waiting)
+        self._fifo = scenario.scheduler.policy == "fcfs"
+        self._waiting_at_plan = 0
+        # The lockstep group (module docstring).
+        self._group: dict[Request, int] = {}  # member -> the clock when it joined
+        # Sum over members of (computed tokens - clock) at joining: the group's cached context at
+        # clock t is this plus len(group) * t, since each member computes one token a step.
+        self._group_context = 0
+        self._group_reserved = False  # the group holds its blocks for the step being planned
+        # The members' blocks taken in bulk, held for them until each leaves with its own share.
+        self._group_block_ids: list[int] = []
+        self.clock = 0  # steps executed: the number of the next step
+        self.last_end_s = 0.0
+        # Members needing a new block in step t: _phase[t % block_size], which _phase[t % block_size
+        # + block_size] repeats, so that steps t .. t + block_size - 1 are _phase[t % block_size:][:block_size].
+        self._phase = [0] * (2 * kv.block_size)
+        self._phase_members: list[dict[Request, None]] = [{} for _ in range(kv.block_size)]
+        self._granted_all = False  # every member that needed a block this step has it ...
+        self._granted: set[Request] = set()  # ... or only these (blocks were short)
+        self._done: list[tuple[int, int, Request]] = []  # (clock after a member's last token, id, member)
+        self._plan_used = 0  # blocks in use during the first step of the run planned last
+
+    # ---------------------------------------------------------------- planning
+    def schedule(self, now: float, admit: bool = True) -> StepPlan | Idle:
+        self._group_reserved = False
+        plan = super().schedule(now, admit)
+        if plan is not IDLE:
+            device = self.kv.device
+            self._plan_used = device.num_blocks - device.num_free
+        return plan
+
+    def _schedule_decodes(self, now: float, plan: StepPlan) -> None:
+        if self.num_spec:  # speculating decodes never join the group (_decoding): the model's rules, as written
+            super()._schedule_decodes(now, plan)
+            return
+        group, running = self._group, self.running
+        lone = [r for r in running if not r.prefill_pending and r not in group] \
+            if len(running) > len(group) + len(self._prefilling) else []
+        if not self._reserve_decodes(lone):
+            self._reserve_decodes_one_by_one(lone, now, plan)
+
+    def _plan_group(self, plan: StepPlan) -> bool:
+        if self._group_reserved and self._group:
+            plan.group = tuple(self._group)
+            plan.decode_seqs = len(self._group)
+            plan.kv_tokens = self._group_context + len(self._group) * self.clock
+            return True
+        return False
+
+    def _unplan(self, victim: Request) -> None:
+        if victim in self._group:
+            self._leave(victim)
+            if self._group_reserved:
+                self._budget += 1
+
+    def _reserve_decodes(self, lone: list[Request]) -> bool:
+        """Every decode's next block at once, if free blocks cover them all (the common case).
+
+        When they do, reserving one request at a time would succeed for each without preempting
+        anyone, so the outcome is the same; when they do not, nothing is taken and the caller goes
+        one request at a time.
+        """
+        bs = self.kv.block_size
+        if not lone:  # the group alone
+            if not self._take_for_group(self._phase[self.clock % bs]):
+                return False
+            self._group_reserved = self._granted_all = True
+            self._budget -= len(self._group)
+            return True
+        ids = self.kv.allocate_together([(r, 1) for r in lone], self._phase[self.clock % bs])
+        if ids is None:
+            return False
+        self._group_block_ids += ids
+        for req in lone:
+            self._sched[req] = 1
+        self._group_reserved, self._granted_all = bool(self._group), True
+        self._budget -= len(self._group) + len(lone)
+        return True
+
+    def _reserve_decodes_one_by_one(self, lone: list[Request], now: float, plan: StepPlan) -> None:
+        """Blocks are short: the decodes that cross a block boundary, in running order, each take a
+        block, preempting others as needed (rule 1 of the module docstring). The other decodes need
+        nothing this step, so they are scheduled unless chosen as victims."""
+        bs = self.kv.block_size
+        self._group_reserved, self._granted_all, self._granted = bool(self._group), False, set()
+        self._budget -= len(self._group)
+        needers = list(self._phase_members[self.clock % bs])
+        for req in lone:
+            self._take(req, 1)
+            if (req.num_computed_tokens + bs) // bs > req.blocks:
+                needers.append(req)
+        needers.sort(key=lambda r: r.admitted_seq)
+        for req in needers:
+            if req.status is not RUNNING:
+                continue  # preempted earlier in this loop
+            if req not in self._group:
+                if not self._reserve(req, 1, now, plan):
+                    self._budget += self._sched.pop(req)  # stalls, keeping its blocks
+                continue
+            while not self._take_for_group(1):
+                victim = self._pick_victim(exclude=req)
+                if victim is None:
+                    self._leave(req)  # stalls: out of the lockstep until it samples again
+                    self._budget += 1
+                    break
+                self._preempt(victim, now, plan)
+            else:
+                self._granted.add(req)
+
+    # ---------------------------------------------------------------- the lockstep group
+    def _join(self, req: Request) -> None:
+        """``req`` just sampled a token and goes on decoding: from now on it advances with the clock."""
+        bs = self.kv.block_size
+        p = (self.clock - req.num_computed_tokens) % bs
+        self._phase[p] += 1
+        self._phase[p + bs] += 1
+        self._phase_members[p][req] = None
+        heapq.heappush(self._done, (self.clock + req.output_tokens - req.num_generated, req.request_id, req))
+        self._group_context += req.num_computed_tokens - self.clock
+        self._group[req] = self.clock
+        req.lockstep = self  # from here its counters read through the clock (steps_since)
+
+    def _leave(self, req: Request) -> None:
+        """Out of the lockstep, its counters stored as they stand (its heap entry goes stale: see
+        _retire_done)."""
+        bs, clock = self.kv.block_size, self.clock
+        computed = req.num_computed_tokens
+        p = (clock - computed) % bs
+        self._phase[p] -= 1
+        self._phase[p + bs] -= 1
+        del self._phase_members[p][req]
+        planned = self._group_reserved and (self._granted_all or req in self._granted)
+        own = blocks_for(computed + planned, bs) - len(req.block_ids)  # blocks the group took for it
+        if own:
+            held = self._group_block_ids
+            self.kv.hand_over(req, held[-own:])
+            del held[-own:]
+        self._group_context -= computed - clock
+        req.leave_lockstep(clock - self._group.pop(req), self.last_end_s, clock - 1)
+
+    def _take_for_group(self, n: int) -> bool:
+        """``n`` more blocks for the members, held by the group; False (and no change) if short."""
+        if not n:
+            return True
+        ids = self.kv.allocate_group(n)
+        if ids is None:
+            return False
+        self._group_block_ids += ids
+        return True
+
+    def _blocks_held_for_members(self) -> list[int]:
+        return self._group_block_ids
+
+    def steps_since(self, req: Request) -> int:
+        """Steps a member has advanced since it joined (its stored counters are those of then)."""
+        return self.clock - self._group[req]
+
+    def member_blocks(self, req: Request) -> int:
+        """Blocks a member holds: those of its computed tokens, and the one reserved for the step planned."""
+        planned = self._group_reserved and (self._granted_all or req in self._granted)
+        return blocks_for(req.num_computed_tokens + planned, self.kv.block_size)
+
+    def check_invariants(self) -> None:
+        super().check_invariants()
+        group = self._group
+        assert group.keys() <= set(self.running) and not any(map(_prefill_pending, group)), "lockstep group drifted"
+        assert self._group_context + len(group) * self.clock == sum(map(_num_computed_tokens, group)), \
+            "lockstep group context drifted"
+
+    def _drop_stale(self) -> None:
+        done, group = self._done, self._group
+        while done:
+            t, _, req = done[0]
+            if req in group and t == self.clock + req.output_tokens - req.num_generated:
+                return
+            heapq.heappop(done)
+
+    def _group_blocks(self, t0: int, t1: int) -> int:
+        """Blocks the group takes in steps t0 .. t1 - 1: every member one per ``block_size`` steps."""
+        bs = self.kv.block_size
+        cycles, rest = divmod(t1 - t0, bs)
+        a = t0 % bs
+        return cycles * len(self._group) + sum(self._phase[a:a + rest])
+
+    def _retire_done(self, end_s: float, outcome: StepOutcome) -> None:
+        """Retire the members whose last token came at the end of this step, then drop the finished."""
+        done, group, finished = self._done, self._group, outcome.finished
+        while done and done[0][0] <= self.clock:
+            t, _, req = heapq.heappop(done)
+            if req not in group or t != self.clock + req.output_tokens - req.num_generated:
+                continue  # left the lockstep since (preempted or stalled)
+            self._leave(req)
+            self._retire(req, end_s)
+            finished.append(req)
+        if finished:
+            self._drop_finished(finished)
+
+    # ---------------------------------------------------------------- fast-forward
+    def repeatable_steps(self, plan: StepPlan, step: int) -> int:
+        """A plan of lockstep decodes alone repeats until one finishes or the next block cannot be had.
+
+        Nothing else can change it. Any other running request got nothing (a prefill short of blocks
+        or budget, a decode short of a block, with no victim to take one from) and stays so, as does
+        admission, impossible at this plan: the running set is fixed, free blocks only shrink, the
+        budget left is constant, policy keys are static. Only an arrival can change WAITING, and the
+        engine cuts the run when one comes.
+        """
+        if not plan.group or plan.slices or plan.num_admitted or plan.num_preempted or plan.swap_blocks:
+            return 1
+        self._drop_stale()
+        k = self._done[0][0] - step  # the first completion happens in the k-th step of the run
+        if k <= 1:
+            return 1
+        self._waiting_at_plan = len(self.waiting)
+        # Steps 2 .. j of the run take _group_blocks(step + 1, step + j) more blocks.
+        free, size, bs = self.kv.device.num_free, len(self._group), self.kv.block_size
+        if free >= -(-(k - 1) // bs) * size:
+            return k  # enough for the most steps 2 .. k could take: one block per member per block_size steps
+        cycles = min((k - 1) // bs, free // size)
+        j, free = 1 + cycles * bs, free - cycles * size
+        t, phase = step + j, self._phase
+        while j < k and phase[t % bs] <= free:
+            free -= phase[t % bs]
+            j, t = j + 1, t + 1
+        return j
+
+    def plan_survives_arrivals(self) -> bool:
+        """New arrivals cannot be admitted mid-run when every slot is taken, or, under FCFS with
+        head-of-line blocking, when an older request already waits at the head (it could not be
+        admitted and, with blocks only shrinking, still cannot; a newcomer may not overtake it).
+        Priority may evict for a newcomer, so it always replans, as does a decode replica that a
+        transfer has just delivered to (the newcomer decodes from the next step)."""
+        if self.evicts_for_priority or self._delivered:
+            return False
+        return len(self.running) >= self.max_num_seqs or \
+            (self._fifo and self.head_of_line_blocking and self._waiting_at_plan > 0)
+
+    def kv_blocks_during(self, i: int) -> int:
+        return self._plan_used + self._group_blocks(self.clock + 1, self.clock + i)
+
+    def kv_blocks_sum(self, n: int) -> int:
+        # With s the clock, sum_{i=1..n} used(i) = n used(1) + sum over steps s < t < s + n of
+        # phase(t) (s + n - t): the blocks taken in step t count in every later step of the n.
+        # Written u = t - s - 1 = q block_size + v, the full cycles q < c sum in closed form.
+        if n <= 1:
+            return n * self._plan_used
+        bs, phase, size = self.kv.block_size, self._phase, len(self._group)
+        a = (self.clock + 1) % bs
+        cycles, rest = divmod(n - 1, bs)
+        total = n * self._plan_used + sum(map(mul, phase[a:a + rest], range(rest, 0, -1)))
+        if cycles:
+            v = sum(map(mul, phase[a:a + bs], range(bs)))
+            total += cycles * ((n - 1) * size - v) - bs * size * cycles * (cycles - 1) // 2
+        return total
+
+    def finish_steps(self, plan: StepPlan, n: int, end_s: float, step: int) -> StepOutcome:
+        if n == 1:
+            return self.finish_step(plan, end_s, step)
+        taken = self._take_for_group(self._group_blocks(step + 1, step + n))
+        assert taken, "a run of steps took blocks that were not free"
+        self._group_reserved = False
+        self.clock, self.last_end_s = step + n, end_s
+        outcome = StepOutcome([], n * len(plan.group), [])
+        if self._done and self._done[0][0] <= self.clock:
+            self._retire_done(end_s, outcome)
+        return outcome
+
+    def _decoding(self, req: Request) -> None:
+        if not self.num_spec:
+            self._join(req)
+
+    # ---------------------------------------------------------------- execution
+    def finish_step(self, plan: StepPlan, end_s: float, step: int) -> StepOutcome:
+        self._group_reserved = False
+        self.clock, self.last_end_s = step + 1, end_s
+        outcome = StepOutcome([], len(plan.group), [])  # members emitted last step too: regular gaps
+        self._apply_slices(plan, end_s, step, outcome)
+        if self._done and self._done[0][0] <= self.clock:
+            self._retire_done(end_s, outcome)
+        elif outcome.finished:
+            self._drop_finished(outcome.finished)
+        return outcome
+
+
+_prefill_pending, _num_computed_tokens = attrgetter("prefill_pending"), attrgetter("num_computed_tokens")

@@ -1,0 +1,146 @@
+"""The cluster: which replicas it has, and which one an arriving request goes to.
+
+A router is a small object with ``route(request_index, replicas) -> int``: given the request's
+index in the workload and what it can see of the replicas, it answers a replica index. It reads a
+replica only through ``index``, ``num_running``, ``num_waiting``, ``kv_blocks_used`` and
+``kv_blocks_total``, so the same router runs on live replicas, on delayed snapshots of them
+(:class:`Load`, for ``cluster.signal_delay_ms``) and on hand-built objects in tests. Every tie goes
+to the lowest replica index, and every random draw comes from the seeded routing stream, so a
+scenario routes identically on every run.
+
+Policies, from blind to informed:
+
+- ``round_robin``: replicas in turn.
+- ``random``: uniformly at random. Poisson traffic split at random is Poisson on every replica at
+  rate lambda/N (thinning), so each replica behaves as a single server at lambda/N.
+- ``least_outstanding``: fewest requests in the replica, running + waiting: the work it holds, not
+  only its queue (join the shortest queue).
+- ``least_kv``: lowest fraction of KV blocks in use. Blind to waiting requests, which hold no
+  blocks, so it sees a burst only once the replica has started serving it.
+- ``power_of_two``: two distinct replicas drawn at random, the one with fewer outstanding requests
+  (Mitzenmacher's "power of two choices": nearly the balance of least_outstanding while reading
+  only two replicas).
+- ``session_affinity``: a session's first request goes where least_outstanding says, and every
+  later request of that session follows it (a warm prefix cache in a real server).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from simbatch.config import Scenario
+from simbatch.model import streams
+
+
+class Routable(Protocol):
+    """What a router may read about a replica."""
+
+    index: int
+    num_running: int
+    num_waiting: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """A replica's routing signals at one instant: what a router with a delayed view reads."""
+
+    index: int
+    num_running: int
+    num_waiting: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+
+    @classmethod
+    def of(cls, replica: Routable) -> Load:
+        return cls(replica.index, replica.num_running, replica.num_waiting, replica.kv_blocks_used,
+                   replica.kv_blocks_total)
+
+
+def outstanding(replica: Routable) -> tuple[int, int]:
+    """Sort key: requests in the replica (running + waiting), then its index."""
+    return replica.num_running + replica.num_waiting, replica.index
+
+
+def kv_usage(replica: Routable) -> tuple[float, int]:
+    """Sort key: fraction of the replica's KV blocks in use, then its index."""
+    return replica.kv_blocks_used / replica.kv_blocks_total, replica.index
+
+
+class RoundRobin:
+    def __init__(self):
+        self._next = 0
+
+    def route(self, request_index: int, replicas: Sequence[Routable]) -> int:
+        chosen = replicas[self._next % len(replicas)].index
+        self._next += 1
+        return chosen
+
+
+class Random:
+    def __init__(self, rng: np.random.Generator):
+        self._rng = rng
+
+    def route(self, request_index: int, replicas: Sequence[Routable]) -> int:
+        return replicas[int(self._rng.integers(len(replicas)))].index
+
+
+class LeastOutstanding:
+    def route(self, request_index: int, replicas: Sequence[Routable]) -> int:
+        return min(replicas, key=outstanding).index
+
+
+class LeastKV:
+    def route(self, request_index: int, replicas: Sequence[Routable]) -> int:
+        return min(replicas, key=kv_usage).index
+
+
+class PowerOfTwo:
+    def __init__(self, rng: np.random.Generator):
+        self._rng = rng
+
+    def route(self, request_index: int, replicas: Sequence[Routable]) -> int:
+        n = len(replicas)
+        if n == 1:
+            return replicas[0].index
+        # A uniform pair of distinct replicas from two draws: the second skips over the first.
+        a = int(self._rng.integers(n))
+        b = int(self._rng.integers(n - 1))
+        b += b >= a
+        return min(replicas[a], replicas[b], key=outstanding).index
+
+
+class SessionAffinity:
+    """Sticky by session id; a session's first request is placed by least_outstanding."""
+
+    def __init__(self, session: np.ndarray):
+        self._session = session
+        self._home: dict[int, int] = {}
+        self._first = LeastOutstanding()
+
+    def route(self, request_index: int, replicas: Sequence[Routable]) -> int:
+        session = int(self._session[request_index])
+        home = self._home.get(session)
+        if home is None:
+            home = self._home[session] = self._first.route(request_index, replicas)
+        return home
+
+
+def make_router(scenario: Scenario, session: np.ndarray, policy: str | None = None, stream: int = streams.ROUTING):
+    """The router ``scenario.cluster.router`` (or ``policy``) names, drawing from random ``stream``;
+    ``session`` holds each request's session id."""
+    policy = policy or scenario.cluster.router
+    rng = streams.rng(scenario.seed, stream)
+    return {
+        "round_robin": RoundRobin,
+        "random": lambda: Random(rng),
+        "least_outstanding": LeastOutstanding,
+        "least_kv": LeastKV,
+        "power_of_two": lambda: PowerOfTwo(rng),
+        "session_affinity": lambda: SessionAffinity(session),
+    }[policy]()

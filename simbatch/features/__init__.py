@@ -1,0 +1,1 @@
+"""Serving techniques beyond plain batching, one module each."""

@@ -1,0 +1,114 @@
+"""Speculative decoding: a cheap drafter guesses tokens, the target model checks them in one step.
+
+Each decode step, a decoding request proposes ``d`` draft tokens (``d`` at most
+``device.speculative.num_speculative_tokens`` = k) and the target computes ``1 + d`` tokens for it:
+the token sampled last step and the drafts, out of the step's token budget and with KV slots
+reserved for all of them, as vLLM does. Verification accepts the drafts up to the first rejection,
+A of them, and the request emits ``A + 1`` tokens (the accepted drafts and the target's own token at
+the first mismatch, or the bonus token after the last draft). ``num_computed_tokens`` advances by
+``A + 1``; the rejected drafts' slots are rolled back, their blocks kept by the request for the
+tokens that come next (vLLM frees none either).
+
+The drafts a request proposes, ``d = min(k, tokens it still needs - 1, budget)``: never a draft
+past its last token, so the KV a request reaches is never more than without speculation; and never
+so many that a later decode of the same step loses its verified token to the budget.
+
+Acceptance. Each draft is accepted with probability alpha (``acceptance_rate``), independently of
+the others, so ``P(A >= j) = alpha^j`` for ``j <= d``: A is a geometric count truncated at ``d``, and
+with ``d = k`` the expected tokens per step is ``(1 - alpha^(k+1)) / (1 - alpha)`` (Leviathan et al.,
+2023). The counts come from a stream of the request's own (:class:`AcceptanceStream`, seeded by the
+scenario's seed and the request's id), so they do not depend on which engine runs it, on the order
+in which requests are stepped, or on the other requests. With ``acceptance_rate_concentration`` each
+request first draws its own alpha from a Beta distribution of mean ``acceptance_rate`` (easy and hard
+prompts), and a run then averages fewer tokens per step than E(alpha) (:func:`tokens_per_step`).
+
+Cost (:meth:`simbatch.model.cost.LinearCost.plan_ns`). The target verifies a request's ``1 + d`` tokens as
+one decode sequence (``beta``, reading its context once: ``delta K``) plus ``d`` drafts costed at
+``gamma``, the prefill rate: each draft is one more row through the weight matmuls, which is what a
+prefill token is, while the weights and the KV are read once for all of them. The drafter runs
+``max d`` sequential passes over the speculating sequences, each ``draft_cost_ms``, or
+``draft_cost_fraction`` times the target's decode step over them (``tau0 + beta S + delta K_S``).
+So speculation multiplies tokens per step by up to ``E`` for a small extra step time at small batch,
+where ``tau0`` dominates, and loses once the drafts' ``gamma k B`` outweighs what they bring.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simbatch.config import Speculative
+from simbatch.model import streams
+from simbatch.model.cost import LinearCost
+
+_BATCH = 64  # draws fetched from a request's generator at a time
+
+
+def expected_tokens_per_step(k: int, alpha: float) -> float:
+    """E[A + 1] for k drafts, each accepted with probability alpha: 1 + alpha + ... + alpha^k, which
+    is (1 - alpha^(k+1)) / (1 - alpha)."""
+    return sum(alpha ** j for j in range(k + 1))
+
+
+def tokens_per_step(spec: Speculative) -> float:
+    """The tokens per speculating step a long run of equal-length requests averages (total tokens over
+    total steps): E(alpha) above with one acceptance rate. With a rate of each request's own, drawn
+    from Beta(c alpha, c (1 - alpha)), a request emits its tokens in 1 / E(alpha_i) steps each, so the
+    run averages the harmonic mean 1 / E[1 / E(alpha_i)], below E(alpha) (the requests that accept
+    little take more of the steps). The same figure turns a step's cost into a token's."""
+    k, alpha, c = spec.num_speculative_tokens, spec.acceptance_rate, spec.acceptance_rate_concentration
+    if c is None:
+        return expected_tokens_per_step(k, alpha)
+    from scipy.special import roots_jacobi  # only a spread needs it
+
+    # E[1 / E(alpha_i)] by Gauss-Jacobi quadrature, whose weight on [-1, 1] is the Beta density's with
+    # alpha = (1 + x) / 2: exact for polynomials of degree < 128, and 1 / E is smooth and bounded.
+    # A Beta parameter below ~1e-16 would round the Jacobi exponent to -1, where the weight is not
+    # integrable; that close to 0 the law is a point mass at its end of [0, 1] whichever tiny value it
+    # has, so 1e-12 stands for every smaller one (numpy's own Beta draws are then 0 or 1 exactly).
+    # (Near that end scipy evaluates a branch it then discards, dividing by ~0: quiet, not wrong.)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        x, w = roots_jacobi(64, max(c * (1 - alpha), 1e-12) - 1, max(c * alpha, 1e-12) - 1)
+    return float(w.sum() / (w / expected_tokens_per_step(k, (1 + x) / 2)).sum())
+
+
+class AcceptanceStream:
+    """One request's accepted-draft counts, step after step: G with P(G >= j) = alpha^j, untruncated
+    (the scheduler caps each by the drafts it proposed). Drawn from the request's own generator,
+    ``streams.rng(seed, SPECULATIVE, request_id)``, a batch at a time; with a ``concentration``, its
+    first draw is the request's own alpha, from Beta(c alpha, c (1 - alpha))."""
+
+    __slots__ = ("_rng", "_p", "_draws", "_at", "alpha")
+
+    def __init__(self, seed: int, request_id: int, alpha: float, concentration: float | None = None):
+        self._rng = streams.rng(seed, streams.SPECULATIVE, request_id)
+        if concentration is not None:
+            # Below 1 however close a draw comes: numpy's geometric needs a rejection probability > 0.
+            a, b = concentration * alpha, concentration * (1 - alpha)
+            # A parameter that underflows to 0 makes the law the point mass at that end of [0, 1]
+            # (as tokens_per_step takes it); numpy refuses it.
+            alpha = min(0.0 if a <= 0 else 1.0 if b <= 0 else float(self._rng.beta(a, b)), 1 - 1e-12)
+        self.alpha = alpha
+        self._p = 1.0 - alpha  # numpy's geometric counts trials up to the first rejection, from 1
+        self._draws: list[int] = []
+        self._at = 0
+
+    def next(self) -> int:
+        if self._at == len(self._draws):
+            self._draws = (self._rng.geometric(self._p, size=_BATCH) - 1).tolist()
+            self._at = 0
+        self._at += 1
+        return self._draws[self._at - 1]
+
+
+def step_ms(cost: LinearCost, batch_size: float, k: int, context_tokens: float = 0.0) -> float:
+    """A decode step of ``batch_size`` sequences, each reading ``context_tokens`` and verifying ``k``
+    drafts (``k = 0``: no speculation), ms: the cost model's plan cost, in closed form."""
+    kv = batch_size * context_tokens
+    return cost.step_ms(batch_size, batch_size * k, 0, kv) + cost.draft_ms(k, batch_size if k else 0, kv)
+
+
+def speedup(cost: LinearCost, spec: Speculative, batch_size: float, context_tokens: float = 0.0) -> float:
+    """Decode throughput with speculation over without, at ``batch_size`` saturated decodes:
+    E tau(B) / tau_spec(B), E the run's tokens per step (:func:`tokens_per_step`)."""
+    return tokens_per_step(spec) * step_ms(cost, batch_size, 0, context_tokens) / \
+        step_ms(cost, batch_size, spec.num_speculative_tokens, context_tokens)

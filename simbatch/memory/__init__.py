@@ -1,0 +1,1 @@
+"""KV-cache memory: numbered blocks, the manager that hands them out, the prefix cache."""

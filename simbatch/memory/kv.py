@@ -1,0 +1,306 @@
+"""The paged KV cache: fixed-size blocks on the device and, for swap preemption, on the host.
+
+Every block has an identity, a number in ``0 .. num_blocks - 1``; a request holds a list of them
+(:attr:`~simbatch.model.request.Request.block_ids`). Which blocks a request gets does not change a run's
+timing today (paging leaves no external fragmentation, so only counts matter), but identities are
+what prefix caching shares and what a trace can show. Free blocks are handed out in vLLM's order:
+the never-used ones by number, then freed ones in the order they were freed (a cached block is
+reused as late as possible).
+
+:class:`KVCacheManager` is the only writer of both pools and of every request's blocks: schedulers
+ask it to allocate slots, release, swap or reserve, and allocation answers with the new blocks or
+None, never raising: running out of memory is a scheduling decision (preempt, or wait), not an
+error. (A lockstep scheduler holds the newest blocks of its decoding requests in bulk, on their
+behalf, and hands each member its own when it leaves the group; see
+:mod:`simbatch.engine.accel.lockstep`.)
+
+Invariant, checked by :meth:`KVCacheManager.check_conservation` at every step of the tests: every
+block is free or held, never both, never twice, on the device and on the host alike.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from itertools import chain
+from operator import attrgetter
+
+import numpy as np
+
+from simbatch.config import KVCache
+from simbatch.model.request import Request
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    """KV blocks that hold ``tokens`` tokens: ceil(tokens / block_size)."""
+    return -(-tokens // block_size)
+
+
+def peak_kv_tokens(prompt_tokens: int, output_tokens: int) -> int:
+    """Tokens a request holds in the KV cache at its largest.
+
+    The last generated token is emitted and never fed back, so it is never cached:
+    prompt + output - 1 tokens (at least the prompt). Takes ints or NumPy arrays alike.
+    """
+    return prompt_tokens + (output_tokens > 0) * (output_tokens - 1)
+
+
+class BlockPool:
+    """Blocks ``0 .. num_blocks - 1`` and the queue of free ones.
+
+    Never-used blocks are not listed (a pool of millions costs nothing until used): they are the
+    numbers from ``_next_unused`` up, handed out first and in order; freed blocks join the end of
+    ``_freed``, which is handed out from ``_head`` on.
+    """
+
+    __slots__ = ("num_blocks", "num_free", "_next_unused", "_freed", "_head")
+
+    def __init__(self, num_blocks: int):
+        self.num_blocks = num_blocks
+        self.num_free = num_blocks
+        self._next_unused = 0
+        self._freed: list[int] = []
+        self._head = 0
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - self.num_free
+
+    def allocate(self, n: int) -> list[int] | None:
+        """``n`` free blocks, or None (and no change) if fewer are free."""
+        if n > self.num_free:
+            return None
+        self.num_free -= n
+        first = self._next_unused
+        if first < self.num_blocks:  # some never used: those first
+            unused = min(n, self.num_blocks - first)
+            self._next_unused = first + unused
+            ids = list(range(first, first + unused))
+            if unused == n:
+                return ids
+            n -= unused
+        else:
+            ids = []
+        head = self._head
+        ids += self._freed[head:head + n]
+        head += n
+        if 2 * head >= len(self._freed):  # drop the handed-out prefix once it is half the list
+            del self._freed[:head]
+            head = 0
+        self._head = head
+        return ids
+
+    def free(self, ids: Sequence[int]) -> None:
+        self._freed.extend(ids)
+        self.num_free += len(ids)
+        assert self.num_free <= self.num_blocks, "freed more blocks than were allocated"
+
+    def free_ids(self) -> list[int]:
+        """Every free block (for checks: O(num_blocks))."""
+        return [*range(self._next_unused, self.num_blocks), *self._freed[self._head:]]
+
+
+class KVCacheManager:
+    """Device and host pools plus the per-request bookkeeping of who holds which blocks."""
+
+    __slots__ = ("block_size", "device", "host", "caching", "_num_checks")
+
+    def __init__(self, cfg: KVCache):
+        self.block_size = cfg.block_size
+        self.caching = cfg.enable_prefix_caching
+        if self.caching:
+            from simbatch.memory.prefix_cache import CachingBlockPool  # it builds on BlockPool, defined here
+
+            self.device: BlockPool = CachingBlockPool(cfg.num_blocks)
+        else:
+            self.device = BlockPool(cfg.num_blocks)
+        self.host = BlockPool(cfg.swap_blocks)
+        self._num_checks = 0
+
+    def blocks_for(self, tokens: int) -> int:
+        return blocks_for(tokens, self.block_size)
+
+    def num_blocks_to_allocate(self, req: Request, num_new_tokens: int) -> int:
+        """Blocks ``req`` must add to compute ``num_new_tokens`` more tokens (0 when it already can)."""
+        return max(blocks_for(req.num_computed_tokens + num_new_tokens, self.block_size) - req.blocks, 0)
+
+    def allocate_slots(self, req: Request, num_new_tokens: int) -> list[int] | None:
+        """Room on the device for ``req`` to compute ``num_new_tokens`` more tokens: the blocks it
+        added (none when it had room), or None (and no change) if blocks are short."""
+        need = blocks_for(req.num_computed_tokens + num_new_tokens, self.block_size) - req.blocks
+        if need <= 0:
+            return []
+        ids = self.device.allocate(need)
+        if ids is not None:
+            _give(req, ids)
+        return ids
+
+    def release(self, req: Request) -> int:
+        """Free every device block ``req`` holds (with prefix caching, publishing its full blocks
+        first: they stay findable until evicted); returns how many."""
+        if self.caching:
+            self.device.publish(req, self.block_size)
+            req.num_published_blocks = 0
+        ids, req.block_ids = req.block_ids, ()
+        self.device.free(ids)
+        return len(ids)
+
+    # ---------------------------------------------------------------- prefix caching
+    def cached_prefix(self, req: Request) -> np.ndarray:
+        """The cached blocks that hold the start of ``req``'s known tokens, longest run from block 0;
+        never the block of the last known token, whose logits must be computed."""
+        return self.device.lookup(req, self.block_size)
+
+    def fits(self, req: Request, hits: Sequence[int], num_new_tokens: int) -> bool:
+        """Whether the free blocks cover admitting ``req`` on the cached ``hits`` to compute
+        ``num_new_tokens`` more: the new blocks, and the cached free ones among the hits, which
+        touching takes off the free queue."""
+        new = blocks_for(len(hits) * self.block_size + num_new_tokens, self.block_size) - len(hits)
+        free = self.device.num_free
+        return new + len(hits) <= free or new + self.device.num_evictable(hits) <= free
+
+    def use_cached(self, req: Request, hits: np.ndarray) -> None:
+        """``req`` shares ``hits``: its first ``len(hits)`` blocks are computed already."""
+        self.device.touch(hits)
+        # Its blocks are an array (the pool frees them without converting), in a buffer of its own
+        # with room for all it will hold, so that later blocks are written in, not appended: see _give.
+        room = np.empty(max(blocks_for(req.prompt_tokens + req.output_tokens, self.block_size), len(hits)), np.int64)
+        room[:len(hits)] = hits
+        req.block_ids = room[:len(hits)]
+        req.num_published_blocks = len(hits)
+        req.num_computed_tokens = len(hits) * self.block_size
+
+    def publish(self, req: Request) -> None:
+        """Offer the full blocks of ``req``'s computed tokens to the prefix cache (simbatch.memory.prefix_cache)."""
+        self.device.publish(req, self.block_size)
+
+    def swap_out(self, req: Request) -> bool:
+        """Move the blocks of ``req``'s computed tokens to the host; False (and no change) if the host
+        pool is short.
+
+        Only computed tokens have KV to save. Blocks reserved for the tokens of the step being planned
+        (a prefill chunk, the next decode token) hold nothing yet and are simply freed: moving them
+        would make the request need more device blocks to return than its admission check counts.
+        """
+        host_ids = self.host.allocate(blocks_for(req.num_computed_tokens, self.block_size))
+        if host_ids is None:
+            return False
+        self.release(req)
+        req.host_block_ids = host_ids
+        return True
+
+    def swap_in(self, req: Request) -> bool:
+        """Move ``req``'s host blocks back to the device; False (and no change) if the device is short."""
+        ids = self.device.allocate(len(req.host_block_ids))
+        if ids is None:
+            return False
+        self.host.free(req.host_block_ids)
+        req.block_ids, req.host_block_ids = ids, ()
+        return True
+
+    def allocate_together(self, wants: list[tuple[Request, int]], group_blocks: int = 0) -> list[int] | None:
+        """All or nothing: room for each ``(request, num_new_tokens)``, plus ``group_blocks`` for a
+        lockstep group, when the free blocks cover them all; the group's blocks, or None (and no
+        change) otherwise."""
+        extra = [self.num_blocks_to_allocate(req, n) for req, n in wants]
+        ids = self.device.allocate(group_blocks + sum(extra))
+        if ids is None:
+            return None
+        at = group_blocks
+        for (req, _), e in zip(wants, extra, strict=True):
+            if e:
+                _give(req, ids[at:at + e])
+                at += e
+        return ids[:group_blocks]
+
+    def allocate_group(self, n: int) -> list[int] | None:
+        """``n`` blocks for a lockstep group's members, which the group holds for them."""
+        return self.device.allocate(n)
+
+    def hand_over(self, req: Request, ids: list[int]) -> None:
+        """Blocks a lockstep group held on ``req``'s behalf become its own (it leaves the group)."""
+        _give(req, ids)
+
+    def reserve_batch(self, batch: list[Request], blocks: int) -> bool:
+        """A request-level batch's memory, reserved whole at its start and shared among its slots as
+        evenly as it divides (so every block has one holder); False if the blocks are short."""
+        ids = self.device.allocate(blocks)
+        if ids is None:
+            return False
+        share, extra = divmod(blocks, len(batch))
+        at = 0
+        for i, req in enumerate(batch):
+            n = share + (1 if i < extra else 0)
+            req.block_ids, at = ids[at:at + n], at + n
+        return True
+
+    def release_batch(self, batch: list[Request]) -> int:
+        """Free every block a batch's slots hold; returns how many."""
+        return sum(self.release(req) for req in batch)
+
+    def check_conservation(self, device_holders: Iterable[Request], host_holders: Iterable[Request],
+                           held_for_members: Sequence[int] = ()) -> None:
+        """AssertionError unless every block is free or held, once: device and host pools alike.
+
+        ``held_for_members``: blocks a lockstep group holds on its members' behalf. A request's
+        count (``blocks``) must agree with the blocks held for it. Counts are checked every time;
+        identities (no block held twice, none both held and free) cost O(num_blocks), so a pool
+        of more than ``FULL_CHECK_BLOCKS`` has them checked at every ``FULL_CHECK_EVERY``-th call.
+        The counts need no list of every block held, only the lengths of the holders' lists
+        (tests run this at every step): the ids are gathered only where they are compared.
+        """
+        device_holders = list(device_holders)  # read twice below
+        device_lists = list(map(_block_ids, device_holders))
+        host_lists = list(map(_host_block_ids, host_holders))
+        num_held = sum(map(len, device_lists)) + len(held_for_members)
+        assert sum(map(_blocks, device_holders)) == num_held, "block counts disagree with the blocks held"
+        self._num_checks += 1
+        every = self._num_checks % FULL_CHECK_EVERY == 1
+        for pool, lists, extra, name in ((self.device, device_lists, held_for_members, "device"),
+                                         (self.host, host_lists, (), "host")):
+            # With prefix caching a block may have several holders: its reference count says how many.
+            shared = self.caching and pool is self.device
+            identities = every or 0 < pool.num_blocks <= FULL_CHECK_BLOCKS  # an empty pool: the count says all
+            if shared or identities:
+                ids = [*chain.from_iterable(lists), *extra]
+                distinct = len(set(ids)) if shared else len(ids)
+            else:
+                distinct = sum(map(len, lists)) + len(extra)
+            assert distinct + pool.num_free == pool.num_blocks, f"{name} blocks not conserved"
+            if identities:
+                _check_identities(pool, ids, name)
+
+
+FULL_CHECK_BLOCKS = 64
+FULL_CHECK_EVERY = 64
+
+
+def _give(req: Request, ids: list[int]) -> None:
+    """Add ``ids`` to the blocks ``req`` holds: a list of its own the first time (it held the shared
+    ()), or an array when it started from a cached prefix, a view of the buffer
+    :meth:`KVCacheManager.use_cached` made for it (its ``base``, the request's own: no other array of
+    blocks is a view) while the buffer has room."""
+    held = req.block_ids
+    if isinstance(held, list):
+        held += ids
+    elif not len(held):
+        req.block_ids = ids.copy()  # not the caller's list: the request's grows
+    else:
+        n, room = len(held), held.base
+        if room is not None and n + len(ids) <= len(room):
+            room[n:n + len(ids)] = ids
+            req.block_ids = room[:n + len(ids)]
+        else:
+            req.block_ids = np.concatenate((held, ids))
+
+
+def _check_identities(pool: BlockPool, held: list[int], name: str) -> None:
+    free = pool.free_ids()
+    assert len(free) == pool.num_free, f"{name} free count disagrees with the free queue"
+    assert set(held) | set(free) == set(range(pool.num_blocks)), f"{name} block held twice, or held and free"
+    ref_counts = getattr(pool, "ref_counts", None)
+    if ref_counts is not None:
+        assert Counter(held) == ref_counts(), f"{name} reference counts disagree"
+
+
+_block_ids, _host_block_ids, _blocks = attrgetter("block_ids"), attrgetter("host_block_ids"), attrgetter("blocks")

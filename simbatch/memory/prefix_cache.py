@@ -1,0 +1,418 @@
+"""Prefix caching: computed KV blocks kept by their content, shared, and evicted least recently freed first.
+
+As vLLM's automatic prefix caching. A full block of computed tokens is *published* under a key
+that names its content (:func:`block_key`), and a later request whose prompt starts with the same
+content finds those blocks at admission: it shares them (a reference count per block) and skips
+their prefill. A block whose last holder leaves goes back to the free queue with its key: free,
+yet still found by a lookup until an allocation takes it from the queue's head and evicts it.
+
+What is published when. A prefill chunk's full blocks as soon as the chunk is computed (so a shared
+system prompt is found while its first reader still runs); blocks filled by decoding when the
+request leaves the running set (finished or preempted): a conversation's next turn quotes the
+previous answer, which exists only once it has finished. A lookup never covers the last known
+token: its logits must be computed, so at least one token is prefilled (vLLM does the same).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from simbatch.memory.kv import BlockPool
+from simbatch.model.request import Request
+
+SYSTEM_PROMPT = -1
+"""The stream of the shared system prompt's blocks, whichever request holds them."""
+
+
+def block_key(req: Request, index: int, block_size: int) -> tuple[int, int]:
+    """The content of block ``index`` of ``req``'s tokens, as (stream, block index).
+
+    Two blocks with one key hold the same tokens: the system prompt's blocks (those wholly inside
+    it), or one stream's block at one position (simbatch.workload.prefix). A request on a stream of
+    its own gets a stream no other has (-2 - its id).
+    """
+    return (SYSTEM_PROMPT if index < system_blocks(req, block_size) else own_stream(req)), index
+
+
+def system_blocks(req: Request, block_size: int) -> int:
+    """How many of ``req``'s first blocks lie wholly inside the shared system prompt."""
+    return req.shared_prefix_tokens // block_size
+
+
+def own_stream(req: Request) -> int:
+    """The stream of ``req``'s blocks past the system prompt (see :func:`block_key`)."""
+    return req.prefix_stream if req.prefix_stream >= 0 else -2 - req.request_id
+
+
+def _key(stream: int, position: int) -> int:
+    """A key as one number: the stream in the high bits, position + 1 in the low 32 (0: no key)."""
+    return (stream << 32) + position + 1
+
+
+_LOOP = 8
+"""Calls on at most this many blocks go block by block: below it, NumPy's fixed cost per call (about
+a microsecond) exceeds a Python loop's."""
+
+_NO_BLOCKS = np.zeros(0, np.int64)
+_NO_BLOCKS.flags.writeable = False
+
+
+def _all(mask: np.ndarray) -> bool:
+    """``mask.all()``, without the method's Python-level dispatch (a third of a small call's cost)."""
+    return np.count_nonzero(mask) == len(mask)
+
+
+def _array(ids: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Block ids as an int64 array (a request that started from a cached prefix holds one already)."""
+    return ids if isinstance(ids, np.ndarray) else np.array(ids, dtype=np.int64)
+
+
+class _Index:
+    """One stream's index: at each position the block last cached there (``no_block``: none), a
+    hint, good while that block still has the key ``expected`` holds for the position.
+
+    The first ``system`` positions are the system prompt's, which every stream behind it shares: the
+    hints there point at its blocks, so that one look finds a conversation's whole cached prefix.
+    (``system`` is -1 once requests on the stream disagree on the system prompt's length: then the
+    index holds the stream's own blocks only.) From ``top`` on, no block was ever cached.
+    """
+
+    __slots__ = ("entries", "expected", "system", "top")
+
+    def __init__(self, stream: int, system: int, size: int, no_block: int):
+        self.entries = np.full(size, no_block, np.int64)
+        self.system, self.top = system, 0
+        self.expected = self._keys(stream, size)
+
+    def _keys(self, stream: int, size: int) -> np.ndarray:
+        keys = np.arange(_key(stream, 0), _key(stream, size))
+        if self.system > 0:
+            keys[:self.system] = np.arange(_key(SYSTEM_PROMPT, 0), _key(SYSTEM_PROMPT, self.system))
+        return keys
+
+    def grow(self, stream: int, size: int, no_block: int) -> None:
+        """Room for ``size`` positions at least (doubling, so growing costs O(1) a position)."""
+        grown = np.full(max(size, 2 * len(self.entries)), no_block, np.int64)
+        grown[:len(self.entries)] = self.entries
+        self.entries, self.expected = grown, self._keys(stream, len(grown))
+
+    def own_only(self, stream: int) -> None:
+        """Requests on the stream disagree on the system prompt: keep no hint to it from now on."""
+        self.system = -1
+        self.expected = self._keys(stream, len(self.entries))
+
+
+class CachingBlockPool(BlockPool):
+    """A block pool whose blocks carry a reference count and, once published, a content key.
+
+    The free queue holds blocks nobody references, cached or not, least recently freed first; a
+    lookup that finds a cached free block takes it out of the queue (``touch``), and an allocation
+    that reaches a cached block evicts its key.
+
+    A conversation's turn shares hundreds of blocks, so the work is done on arrays, not block by
+    block (but for a few blocks at a time, see ``_LOOP``). Each block has its key (:func:`_key`),
+    the truth. The index from keys to blocks is one array per stream (:class:`_Index`): the block
+    last cached at each position. An entry is a hint, good while its block still has that key:
+    evicting a block only clears the block's key, and a lookup checks the hints it reads, up to the
+    first that fails. The free queue is one array of blocks in the order they were freed, each
+    block's place in it noted: a block taken back off the queue (touched, or freed again later)
+    leaves a stale entry behind, which allocation skips and a compaction drops.
+    """
+
+    __slots__ = ("_streams", "_num_streams_kept", "_ref", "_key", "_queue_seq", "_queue", "_places", "_head",
+                 "_tail")
+
+    QUEUE_SLACK = 1024  # the queue holds up to 3 x num_blocks + QUEUE_SLACK entries, stale ones included
+    FIRST_PLACES = 4096  # the queue's places are listed this far at first (see _make_room)
+
+    def __init__(self, num_blocks: int):
+        super().__init__(num_blocks)
+        self._streams: dict[int, _Index] = {}
+        self._num_streams_kept = 0  # streams after the last sweep (_forget_dead_streams)
+        # Zero-filled arrays cost nothing until touched, as never-used blocks must.
+        self._ref = np.zeros(num_blocks, np.int32)
+        # One more key than blocks: an empty position points at block num_blocks, which has none.
+        self._key = np.zeros(num_blocks + 1, np.int64)
+        # The queue: entries _queue[_head:_tail], oldest first. The entry at i is live if its block's
+        # place, _queue_seq, is i + 1. A block off the queue keeps a place no live entry has: taken
+        # off by an allocation, which drops every entry up to its own; or by a touch, which sets 0.
+        self._queue = np.zeros(3 * num_blocks + self.QUEUE_SLACK, np.int64)
+        # Places in 32 bits while they fit: the places are read at random, half the bytes stay in cache.
+        self._queue_seq = np.zeros(num_blocks, np.int32 if len(self._queue) < 2**31 else np.int64)
+        self._head = self._tail = 0
+        # _places[i] = i + 1, as far as the queue has reached (grown by doubling, so that a huge pool
+        # pays only for what it uses): a slice of it is the places of a run of entries.
+        self._places = np.arange(1, min(len(self._queue), self.FIRST_PLACES) + 1, dtype=self._queue_seq.dtype)
+
+    @property
+    def _num_queued(self) -> int:
+        """Entries in the queue, stale ones included (bounded by its length: see _compact)."""
+        return self._tail - self._head
+
+    # ---------------------------------------------------------------- the free queue
+    def allocate(self, n: int) -> list[int] | None:
+        if n > self.num_free:
+            return None
+        if self._next_unused == self.num_blocks and n <= _LOOP:
+            # A few blocks, block by block, from the queue's head when its first n entries are live
+            # (the usual case).
+            h = self._head
+            head = self._queue[h:h + n].tolist()
+            if len(head) == n:
+                place, seq = h + 1, self._queue_seq.item
+                for block in head:
+                    if seq(block) != place:
+                        break
+                    place += 1
+                else:
+                    self._head = h + n
+                    self.num_free -= n
+                    ref, key = self._ref, self._key
+                    for block in head:
+                        ref[block] = 1
+                        key[block] = 0  # evicted: what it held is gone
+                    return head
+        self.num_free -= n
+        first = self._next_unused
+        unused = min(n, self.num_blocks - first)
+        if unused:
+            self._next_unused = first + unused
+            self._ref[first:first + unused] = 1
+            if unused == n:
+                return list(range(first, first + n))
+        taken = self._dequeue(n - unused)
+        self._ref[taken] = 1
+        self._key[taken] = 0
+        return [*range(first, first + unused), *taken.tolist()] if unused else taken.tolist()
+
+    def _dequeue(self, n: int) -> np.ndarray:
+        """The ``n`` least recently freed blocks, off the queue (which holds at least n live entries);
+        perhaps a view of the queue, good until the next free."""
+        queue, seq, h = self._queue, self._queue_seq, self._head
+        head = queue[h:h + n]
+        if _all(seq[head] == self._places[h:h + n]):  # no stale entry
+            self._head = h + n
+            return head
+        # Look at as much of the queue as may hold n live entries, not all of it.
+        window = 2 * n + 32
+        while True:
+            ahead = queue[h:min(h + window, self._tail)]
+            live = np.flatnonzero(seq[ahead] == self._places[h:h + len(ahead)])
+            if len(live) >= n or h + window >= self._tail:
+                break
+            window *= 4
+        self._head = h + int(live[n - 1]) + 1
+        return ahead[live[:n]]
+
+    def free(self, ids: Sequence[int]) -> None:
+        """Drop one reference to each block; the unreferenced join the queue, the request's last
+        block first (so a request's tail is evicted before its head, which others may share).
+
+        A block freed more often than it was held is not caught here (looking would cost every
+        free): its count goes negative, which :meth:`~simbatch.memory.kv.KVCacheManager.check_conservation`
+        reports."""
+        if not len(ids):
+            return
+        blocks = _array(ids)[::-1]
+        ref = self._ref[blocks]
+        ref -= 1
+        self._ref[blocks] = ref
+        freed = blocks[ref == 0]
+        n = len(freed)
+        if not n:
+            return
+        t = self._tail
+        if t + n > len(self._places):
+            self._make_room(n)
+            t = self._tail
+        self._queue[t:t + n] = freed
+        self._queue_seq[freed] = self._places[t:t + n]
+        self._tail = t + n
+        self.num_free += n
+
+    def _make_room(self, n: int) -> None:
+        """Room for ``n`` more entries at the queue's tail, and their places: compact a full queue."""
+        if self._tail + n > len(self._queue):
+            self._compact()
+        stop = self._tail + n
+        if stop > len(self._places):
+            self._places = np.arange(1, min(max(2 * len(self._places), stop), len(self._queue)) + 1,
+                                     dtype=self._queue_seq.dtype)
+
+    def _compact(self) -> None:
+        """Drop the stale entries, moving the live ones to the queue's start in their order. At most
+        num_blocks entries are live, so at least 2 x num_blocks are dropped for each compaction: its
+        cost, spread over them, stays O(1) an entry."""
+        live = self._live_entries()
+        self._queue[:len(live)] = live
+        self._queue_seq[live] = self._places[:len(live)]
+        self._head, self._tail = 0, len(live)
+
+    def _live_entries(self) -> np.ndarray:
+        h, t = self._head, self._tail
+        entries = self._queue[h:t]
+        return entries[self._queue_seq[entries] == self._places[h:t]]
+
+    def touch(self, ids: Sequence[int] | np.ndarray) -> None:
+        """One more reference to each block found by a lookup, taking the unreferenced off the queue."""
+        blocks = _array(ids)
+        ref = self._ref[blocks]
+        self.num_free -= len(ref) - np.count_nonzero(ref)
+        # Place 0 is no live entry's: off the queue go the unreferenced, and the referenced (off it
+        # already) lose nothing, with no mask to tell them apart.
+        self._queue_seq[blocks] = 0
+        ref += 1
+        self._ref[blocks] = ref
+
+    def num_evictable(self, ids: Sequence[int] | np.ndarray) -> int:
+        """How many of ``ids`` are free (cached, unreferenced): touching them takes them off the queue."""
+        return int(np.count_nonzero(self._ref[_array(ids)] == 0))
+
+    # ---------------------------------------------------------------- the cache
+    def lookup(self, req: Request, block_size: int) -> np.ndarray:
+        """The cached blocks holding ``req``'s known tokens from the first, up to the first miss, and
+        short of the block of its last known token (see :class:`~simbatch.memory.kv.KVCacheManager`).
+
+        Perhaps a view of the index: good until the pool next changes (copy it to keep it)."""
+        limit = (req.prompt_tokens + req.num_generated - 1) // block_size
+        system = system_blocks(req, block_size)
+        index = self._streams.get(own_stream(req))
+        if index is not None and index.system == system and limit:
+            run = index.entries[:min(limit, index.top)]  # from top on, nothing was ever cached
+            stale = self._key[run] != index.expected[:len(run)]
+            if not np.count_nonzero(stale):
+                return run
+            miss = stale.argmax()
+            if miss >= system:
+                return run[:miss]
+            # A hint to the system prompt is stale (its block evicted, perhaps computed again since):
+            # look in the system prompt's own index, and refresh the hints from it.
+        else:
+            index = None
+        system = min(system, limit)
+        hits = _NO_BLOCKS
+        if system:
+            hits = self._run(SYSTEM_PROMPT, 0, system)
+            if index is not None:
+                index.entries[:len(hits)] = hits
+            if len(hits) < system:
+                return hits
+        if limit > system:
+            more = self._run(own_stream(req), system, limit)
+            return np.concatenate((hits, more)) if len(hits) else more
+        return hits
+
+    def _run(self, stream: int, start: int, stop: int) -> np.ndarray:
+        """The cached blocks of ``stream`` from position ``start`` up to its first miss, short of
+        ``stop`` (a view of the index)."""
+        index = self._streams.get(stream)
+        if index is None:
+            return _NO_BLOCKS
+        run = index.entries[start:stop]
+        first_key = _key(stream, start)
+        stale = self._key[run] != np.arange(first_key, first_key + len(run))
+        miss = stale.argmax()
+        return run[:miss] if stale[miss] else run
+
+    def publish(self, req: Request, block_size: int) -> None:
+        """Offer the full blocks of ``req``'s computed tokens not offered yet, each under its
+        :func:`block_key`; a key already cached keeps its block (the first one computed)."""
+        ids = req.block_ids
+        stop = min(req.num_computed_tokens // block_size, len(ids))
+        start = req.num_published_blocks
+        if start >= stop:
+            return
+        req.num_published_blocks = stop
+        system = system_blocks(req, block_size)
+        if start < system:
+            self._offer(SYSTEM_PROMPT, 0, start, min(stop, system), ids)
+            if stop <= system:
+                return
+            start = system
+        stream = own_stream(req)
+        index = self._streams.get(stream)
+        if index is not None and start >= index.top and stop <= len(index.entries) \
+                and (index.system == system or index.system < 0):
+            # Past all the stream ever cached (the usual case: a conversation's next blocks) every
+            # position is free: the blocks go in unchecked.
+            index.top = stop
+            blocks = ids[start:stop]
+            index.entries[start:stop] = blocks
+            self._key[blocks] = index.expected[start:stop]
+        else:
+            self._offer(stream, system, start, stop, ids)
+
+    def _offer(self, stream: int, system: int, start: int, stop: int, ids: Sequence[int] | np.ndarray) -> None:
+        """Cache ``ids[start:stop]`` at those positions of ``stream`` (behind a ``system``-block system
+        prompt) where no block is cached.
+
+        The blocks are uncached: past the published ones a request holds only blocks allocated to it
+        since (allocation evicts), and a block offered and not taken is never offered again.
+        """
+        index = self._streams.get(stream)
+        if index is None:
+            if len(self._streams) > 2 * self._num_streams_kept + 64:
+                self._forget_dead_streams()
+            index = self._streams[stream] = _Index(stream, system, max(2 * stop, 64), self.num_blocks)
+            shared = self._streams.get(SYSTEM_PROMPT) if system else None
+            if shared is not None:
+                index.entries[:system] = shared.entries[:system]
+        else:
+            if len(index.entries) < stop:
+                index.grow(stream, stop, self.num_blocks)
+            if index.system != system and index.system >= 0:
+                index.own_only(stream)
+        entries, key, first_key = index.entries, self._key, _key(stream, start)
+        index.top = max(index.top, stop)
+        if stop - start <= _LOOP:
+            for position in range(start, stop):
+                block_key_ = first_key + position - start
+                if key.item(entries.item(position)) != block_key_:
+                    block = ids[position]
+                    entries[position] = block
+                    key[block] = block_key_
+            return
+        blocks = _array(ids[start:stop])
+        keys = np.arange(first_key, first_key + len(blocks))
+        new = key[entries[start:stop]] != keys
+        if _all(new):
+            entries[start:stop] = blocks
+            key[blocks] = keys
+        else:
+            offsets = np.flatnonzero(new)
+            entries[start + offsets] = blocks[offsets]
+            key[blocks[offsets]] = keys[offsets]
+
+    def _forget_dead_streams(self) -> None:
+        """Drop the index of every stream with nothing cached any more: one-off requests must not
+        pile up. Run each time the streams have doubled since the last time, so its cost is spread."""
+        key = self._key
+        for stream, index in list(self._streams.items()):
+            own = max(index.system, 0)  # the hints to the system prompt keep no stream alive
+            if not np.count_nonzero(key[index.entries[own:]] == index.expected[own:]):
+                del self._streams[stream]
+        self._num_streams_kept = len(self._streams)
+
+    # ---------------------------------------------------------------- for checks and tests
+    @property
+    def cached(self) -> dict[tuple[int, int], int]:
+        """Every cached block by its key (stream, position)."""
+        blocks = np.flatnonzero(self._key[:self.num_blocks])
+        keys = self._key[blocks]
+        return dict(zip(zip((keys >> 32).tolist(), ((keys & 0xFFFFFFFF) - 1).tolist(), strict=True),
+                        blocks.tolist(), strict=True))
+
+    @property
+    def num_streams(self) -> int:
+        """Streams the index holds, dead ones not yet forgotten included (bounded: see _offer)."""
+        return len(self._streams)
+
+    def ref_counts(self) -> dict[int, int]:
+        """{block: references} of every referenced block."""
+        held = np.flatnonzero(self._ref)
+        return dict(zip(held.tolist(), self._ref[held].tolist(), strict=True))
+
+    def free_ids(self) -> list[int]:
+        return [*range(self._next_unused, self.num_blocks), *self._live_entries().tolist()]

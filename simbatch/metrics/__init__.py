@@ -1,1 +1,0 @@
-"""Recorders, frames and the summary (definitions in :mod:`simbatch.metrics.summary`)."""

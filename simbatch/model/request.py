@@ -1,0 +1,165 @@
+"""A request's mutable state as it moves through an engine's pools.
+
+Token accounting follows vLLM's unified view: a request *knows* ``prompt + generated`` tokens and
+has *computed* (materialized in the KV cache) ``num_computed_tokens`` of them. Each step hands it a
+slice of the token budget; when the computed count catches up with the known count, the step
+samples one new token. A prefill is the case of many known-but-uncomputed tokens, a decode the case
+of exactly one (the token sampled last step). Chunked prefill and recompute after preemption are
+then the same rule: compute what is known, a slice at a time.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+class Status(enum.IntEnum):
+    """Where a request is in an engine's pools (a rejected request never enters them)."""
+
+    WAITING = 0  # arrived, holds no device KV blocks (a swapped request holds host blocks)
+    RUNNING = 1  # in the running set, owns device KV blocks
+    FINISHED = 2
+
+
+# The members as plain names for the schedulers' hot paths: ``Status.RUNNING`` is a lookup through
+# the enum's metaclass, over ten times slower than a module global, and a status changes several
+# times per request.
+WAITING, RUNNING, FINISHED = Status
+
+
+class Outcome(enum.IntEnum):
+    """How a request's part in a run ended: the ``status`` column of the requests frame, by name."""
+
+    UNFINISHED = 0  # still waiting or running when the clock stopped
+    FINISHED = 1
+    REJECTED = 2  # turned away at arrival (the ``reason`` column says why)
+
+
+OUTCOMES = tuple(o.name.lower() for o in Outcome)  # the frame's category names, in code order
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    request_id: int  # arrival sequence number: unique, and the tie-breaker everywhere
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    tenant: int = 0
+    priority: int = 0
+    replica: int = -1
+    status: Status = Status.WAITING
+    prefill_pending: bool = True  # computing known tokens before the next sample (prompt, or a recompute)
+    # KV blocks held, by number (written by the KV cache manager only). A lockstep member's newest
+    # blocks are held by its group on its behalf until it leaves (``blocks`` counts them).
+    # What its prompt shares with others (simbatch.workload.prefix), for prefix caching.
+    prefix_stream: int = -1
+    shared_prefix_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at its first admission
+    # Disaggregated decode side: its prompt's KV is still on its prefill replica (simbatch.engine.disaggregated).
+    remote_kv: bool = False
+    num_published_blocks: int = 0  # leading blocks offered to the prefix cache (KV manager's bookkeeping)
+    # Speculative decoding (simbatch.features.speculative): the source of its accepted-draft counts (made at
+    # its first speculative step), and vLLM's spec_decode counters: steps that verified drafts, drafts
+    # verified, drafts accepted.
+    acceptance: Any = None
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    # Empty ones are the shared (): a million requests need no million empty lists. A list, or an
+    # int64 array for one that started from a cached prefix (simbatch.memory.kv writes them, nobody else).
+    block_ids: Sequence[int] = ()
+    host_block_ids: Sequence[int] = ()  # on the host, after a swap preemption
+    admitted_seq: int = -1  # order of the latest admission into RUNNING; the newest is the LIFO victim
+    num_preemptions: int = 0
+    first_scheduled_s: float = math.nan
+    first_token_s: float = math.nan
+    finish_s: float = math.nan
+    waiting_since_s: float = math.nan
+    waiting_s: float = 0.0  # total time spent in WAITING, across preemptions
+    # The counters below change every step a request decodes. A lockstep scheduler advances its
+    # decoding requests together with one clock instead of one by one (schedulers/lockstep.py); while a
+    # request is in its group (``lockstep``), the stored values are those of the step it joined, and
+    # the properties add the steps since, so that a Request always reads true.
+    _computed: int = 0
+    _generated: int = 0
+    _last_token_s: float = math.nan
+    _last_token_step: int = -2
+    lockstep: Any = None  # the LockstepScheduler advancing this request, if any
+
+    @property
+    def num_computed_tokens(self) -> int:
+        """Tokens materialized in the KV cache."""
+        g = self.lockstep
+        return self._computed if g is None else self._computed + g.steps_since(self)
+
+    @num_computed_tokens.setter
+    def num_computed_tokens(self, value: int) -> None:
+        assert self.lockstep is None, "a lockstep member's counters belong to its scheduler"
+        self._computed = value
+
+    @property
+    def num_generated(self) -> int:
+        """Output tokens sampled so far."""
+        g = self.lockstep
+        return self._generated if g is None else self._generated + g.steps_since(self)
+
+    @num_generated.setter
+    def num_generated(self, value: int) -> None:
+        assert self.lockstep is None, "a lockstep member's counters belong to its scheduler"
+        self._generated = value
+
+    @property
+    def blocks(self) -> int:
+        """Device KV blocks held."""
+        g = self.lockstep
+        return len(self.block_ids) if g is None else g.member_blocks(self)
+
+    @property
+    def swapped_blocks(self) -> int:
+        """Host KV blocks held (swap preemption)."""
+        return len(self.host_block_ids)
+
+    @property
+    def last_token_s(self) -> float:
+        """When the last token was sampled."""
+        g = self.lockstep
+        return self._last_token_s if g is None or not g.steps_since(self) else g.last_end_s
+
+    @last_token_s.setter
+    def last_token_s(self, value: float) -> None:
+        assert self.lockstep is None, "a lockstep member's counters belong to its scheduler"
+        self._last_token_s = value
+
+    @property
+    def last_token_step(self) -> int:
+        """Engine step that sampled the last token (ITL bookkeeping)."""
+        g = self.lockstep
+        return self._last_token_step if g is None or not g.steps_since(self) else g.clock - 1
+
+    @last_token_step.setter
+    def last_token_step(self, value: int) -> None:
+        assert self.lockstep is None, "a lockstep member's counters belong to its scheduler"
+        self._last_token_step = value
+
+    def leave_lockstep(self, steps: int, last_token_s: float, last_token_step: int) -> None:
+        """Out of its lockstep group after ``steps`` steps in it, the last ending at ``last_token_s``
+        (step ``last_token_step``): its counters stored as they read."""
+        self.lockstep = None
+        if steps:
+            self._computed += steps
+            self._generated += steps
+            self._last_token_s = last_token_s
+            self._last_token_step = last_token_step
+
+    @property
+    def remaining_tokens(self) -> int:
+        """Known tokens not yet in the KV cache; 1 for a decoding request."""
+        return self.prompt_tokens + self.num_generated - self.num_computed_tokens
+
+    @property
+    def done(self) -> bool:
+        return self.num_generated >= self.output_tokens

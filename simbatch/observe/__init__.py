@@ -1,0 +1,1 @@
+"""Watching a run: the observer protocol, the recorder that keeps its rows, the Perfetto trace."""
