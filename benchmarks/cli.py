@@ -1,0 +1,107 @@
+"""Whole-process timings of the command line: start-up, a small run, refusals, and plots that scale.
+
+These are the bounds that used to sit in unit tests, where a shared machine's load made them fail;
+here each command runs ``--repeats`` times in a fresh process and the median is held to its bound.
+``python -m benchmarks.cli`` prints the table; ``make bench`` adds it to ``benchmarks/results.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+SIMBATCH = str(Path(sys.executable).with_name("simbatch"))
+SCENARIOS = ROOT / "scenarios"
+
+LAUGHS = "\n".join(['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]',
+                    *(f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10))]) + "\n"
+
+FLEET_PLOTS = """
+from pathlib import Path
+import sys
+from simbatch.app import plots
+from simbatch.config.loading import scenario_from_dict
+from simbatch.simulation import simulate
+result = simulate(scenario_from_dict({
+    "workload": {"num_requests": 1000, "arrival": {"rate": 300},
+                 "output_tokens": {"dist": "uniform", "low": 8, "high": 64}},
+    "cluster": {"replicas": 1000, "router": "least_outstanding"}}))
+import time
+start = time.perf_counter()
+plots.save_run_plots(Path(sys.argv[1]), result)
+print(time.perf_counter() - start)
+"""
+
+# name -> (what, command (in a scratch folder), expected exit code, bound, measured: "wall" | "cpu" | "printed")
+COMMANDS = {
+    "help": ("`simbatch --help`", [SIMBATCH, "--help"], 0, 0.3, "wall"),
+    "run-100": ("`simbatch run` of a 100-request scenario, no plots",
+                [SIMBATCH, "run", str(SCENARIOS / "stable.yaml"), "--set", "workload.num_requests=100",
+                 "--set", "workload.duration_s=null", "--no-plots", "--out", "out"], 0, 1.0, "wall"),
+    "refuse-1e9": ("a run of a billion requests refused with its estimate",
+                   [SIMBATCH, "run", str(SCENARIOS / "oversubscribed.yaml"), "--set",
+                    "workload.num_requests=1000000000"], 2, 2.0, "cpu"),
+    "refuse-laughs": ("a billion-laughs YAML refused", [SIMBATCH, "run", "laughs.yaml"], 2, 2.0, "cpu"),
+    "plots-1000": ("the plots of a 1,000-replica run (drawing only)", [sys.executable, "-c", FLEET_PLOTS, "."],
+                   0, 5.0, "printed"),
+}
+
+
+def measure_once(command: list[str], expect: int, kind: str) -> float:
+    with tempfile.TemporaryDirectory() as scratch:
+        (Path(scratch) / "laughs.yaml").write_text(LAUGHS)
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.perf_counter()
+        done = subprocess.run(command, cwd=scratch, capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "COLUMNS": "100"})
+        wall = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != expect:
+        raise SystemExit(f"{' '.join(command)} exited {done.returncode}, not {expect}: {done.stderr[-500:]}")
+    if kind == "printed":
+        return float(done.stdout.split()[-1])
+    if kind == "cpu":
+        return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall
+
+
+def measure(names: list[str], repeats: int) -> dict[str, list[float]]:
+    """Each command ``repeats`` times, interleaved (round r of every command before round r + 1)."""
+    runs: dict[str, list[float]] = {n: [] for n in names}
+    for _ in range(repeats):
+        for name in names:
+            _, command, expect, _, kind = COMMANDS[name]
+            runs[name].append(measure_once(command, expect, kind))
+    return runs
+
+
+def rows(runs: dict[str, list[float]]) -> list[tuple[str, str, str, bool]]:
+    """(what, bound, measured, met) per command: the median against the bound."""
+    out = []
+    for name, values in runs.items():
+        what, _, _, bound, kind = COMMANDS[name]
+        unit = {"wall": "s wall", "cpu": "CPU s", "printed": "s"}[kind]
+        med = statistics.median(values)
+        out.append((what, f"<= {bound:g} {unit}", f"{med:.2f} [{min(values):.2f}-{max(values):.2f}]", med <= bound))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("commands", nargs="*", help=f"subset of {', '.join(COMMANDS)}")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    for what, bound, measured, ok in rows(measure(args.commands or list(COMMANDS), args.repeats)):
+        print(f"{'ok  ' if ok else 'MISS'} {what}: {measured} ({bound})")
+
+
+if __name__ == "__main__":
+    main()
