@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -40,7 +41,12 @@ plots.save_run_plots(Path(sys.argv[1]), result)
 print(time.perf_counter() - start)
 """
 
-# name -> (what, command (in a scratch folder), expected exit code, bound, measured: "wall" | "cpu" | "printed")
+LONG_RUN = [SIMBATCH, "run", str(SCENARIOS / "stable.yaml"), "--set", "workload.duration_s=200000", "--out", "out"]
+LONG_SWEEP = [SIMBATCH, "sweep", str(SCENARIOS / "stable.yaml"), "--set", "workload.duration_s=200000",
+              "-p", "workload.arrival.rate=2,3", "-r", "2", "-w", "2", "-o", "sw"]
+
+# name -> (what, command (in a scratch folder), expected exit code, bound, measured: "wall" | "cpu" |
+# "printed" | "signal": the time from Ctrl-C, sent 2 s into the command, to its exit)
 COMMANDS = {
     "help": ("`simbatch --help`", [SIMBATCH, "--help"], 0, 0.3, "wall"),
     "run-100": ("`simbatch run` of a 100-request scenario, no plots",
@@ -52,12 +58,16 @@ COMMANDS = {
     "refuse-laughs": ("a billion-laughs YAML refused", [SIMBATCH, "run", "laughs.yaml"], 2, 2.0, "cpu"),
     "plots-1000": ("the plots of a 1,000-replica run (drawing only)", [sys.executable, "-c", FLEET_PLOTS, "."],
                    0, 5.0, "printed"),
+    "ctrl-c-run": ("a long `simbatch run` stops after Ctrl-C", LONG_RUN, 130, 1.0, "signal"),
+    "ctrl-c-sweep": ("a long `simbatch sweep` and its workers stop after Ctrl-C", LONG_SWEEP, 130, 1.0, "signal"),
 }
 
 
 def measure_once(command: list[str], expect: int, kind: str) -> float:
     with tempfile.TemporaryDirectory() as scratch:
         (Path(scratch) / "laughs.yaml").write_text(LAUGHS)
+        if kind == "signal":
+            return signalled(command, scratch, expect)
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         done = subprocess.run(command, cwd=scratch, capture_output=True, text=True, timeout=600,
@@ -71,6 +81,23 @@ def measure_once(command: list[str], expect: int, kind: str) -> float:
     if kind == "cpu":
         return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return wall
+
+
+def signalled(command: list[str], cwd: str, expect: int, after_s: float = 2.0) -> float:
+    """Seconds from a Ctrl-C sent ``after_s`` into ``command`` to its exit (which must be ``expect``)."""
+    process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(after_s)
+    sent = time.perf_counter()
+    process.send_signal(signal.SIGINT)
+    try:
+        _, err = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    took = time.perf_counter() - sent
+    if process.returncode != expect:
+        raise SystemExit(f"{' '.join(command)} exited {process.returncode} after Ctrl-C, not {expect}: {err[-500:]}")
+    return took
 
 
 def measure(names: list[str], repeats: int) -> dict[str, list[float]]:
@@ -88,7 +115,7 @@ def rows(runs: dict[str, list[float]]) -> list[tuple[str, str, str, bool]]:
     out = []
     for name, values in runs.items():
         what, _, _, bound, kind = COMMANDS[name]
-        unit = {"wall": "s wall", "cpu": "CPU s", "printed": "s"}[kind]
+        unit = {"wall": "s wall", "cpu": "CPU s", "printed": "s", "signal": "s"}[kind]
         med = statistics.median(values)
         out.append((what, f"<= {bound:g} {unit}", f"{med:.2f} [{min(values):.2f}-{max(values):.2f}]", med <= bound))
     return out

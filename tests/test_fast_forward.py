@@ -109,8 +109,13 @@ def scenarios(draw) -> dict:
                       "max_preemptions": draw(st.one_of(st.none(), st.integers(1, 3))),
                       "max_waiting": draw(st.one_of(st.none(), st.integers(1, 50))),
                       "head_of_line_blocking": draw(st.booleans()),
-                      "tenant_weights": {"interactive": 2.0}},
+                      "tenant_weights": {"interactive": 2.0},
+                      # vLLM's cadence: arrivals seen, and finished requests' room freed, a plan late.
+                      "async_scheduling": mode == "continuous" and draw(st.booleans())},
         "cluster": {"replicas": draw(st.integers(1, 3)), "router": draw(st.sampled_from(["round_robin", "random"]))},
+        # The API server's latencies on the way in and out (half the examples have none).
+        "frontend": draw(st.one_of(st.just({}), st.fixed_dictionaries({
+            "request_latency_ms": st.floats(0, 50), "response_latency_ms": st.floats(0, 50)}))),
         "sim": {"max_time_s": draw(st.one_of(st.none(), st.floats(1, 60)))},
     }
 
@@ -192,6 +197,9 @@ def tie_scenarios(draw, trace_dir) -> dict:
         "cluster": {"replicas": replicas, "router": router,
                     "signal_delay_ms": draw(st.sampled_from([0.0, 125.0, 1000.0])) if delayed else 0.0,
                     "max_in_flight": draw(st.one_of(st.none(), st.integers(1, 12)))},
+        # Latencies on the 1/8 s grid: requests reach the engine, and tokens the client, on step boundaries.
+        "frontend": {"request_latency_ms": draw(st.sampled_from([0.0, 125.0, 1000.0])),
+                     "response_latency_ms": draw(st.sampled_from([0.0, 125.0]))},
         "sim": {"max_time_s": draw(st.one_of(st.none(), st.integers(1, 320).map(lambda k: k / 8)))},
     }
 

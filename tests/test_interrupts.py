@@ -1,6 +1,9 @@
 """Stopping a command from outside: Ctrl-C (SIGINT) and SIGTERM on ``run`` and ``sweep``, and a reader
 that goes away. Each is a real process, signalled while it simulates: it must print "interrupted",
-exit 130 (SIGINT) or 143 (SIGTERM) within a second, and leave no result folder, hidden or not.
+exit 130 (SIGINT) or 143 (SIGTERM), and leave no result folder, hidden or not. That it does so within a
+second is measured as a whole process by `make bench` (benchmarks/cli.py, the interrupt cases): a
+shared machine's clock is no unit test's business, and a command that does not stop fails here by
+the 10 s timeout.
 """
 
 from __future__ import annotations
@@ -49,16 +52,16 @@ def _signalled(args: list[str], cwd: Path, signum: int, after_s: float = 1.5,
 
 @pytest.mark.parametrize(("signum", "code", "says"), [(signal.SIGINT, 130, "interrupted\n"),
                                                         (signal.SIGTERM, 143, "interrupted (terminated)\n")])
-def test_run_stops_within_a_second_and_leaves_nothing(tmp_path, signum, code, says):
-    returncode, err, took = _signalled(LONG_RUN, tmp_path, signum)
-    assert (returncode, err) == (code, says) and took < 1.0, (returncode, err, took)
+def test_run_stops_and_leaves_nothing(tmp_path, signum, code, says):
+    returncode, err, _ = _signalled(LONG_RUN, tmp_path, signum)
+    assert (returncode, err) == (code, says), (returncode, err)
     assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_sweep_stops_its_workers_within_a_second(tmp_path, signum, code):
-    returncode, err, took = _signalled(LONG_SWEEP, tmp_path, signum, started=tmp_path / "sw" / "manifest.json")
-    assert returncode == code and err.startswith("interrupted") and took < 1.0, (returncode, err, took)
+def test_sweep_stops_its_workers(tmp_path, signum, code):
+    returncode, err, _ = _signalled(LONG_SWEEP, tmp_path, signum, started=tmp_path / "sw" / "manifest.json")
+    assert returncode == code and err.startswith("interrupted"), (returncode, err)
     # What the sweep keeps is what a restart resumes from: its manifest and finished runs, no temporaries.
     assert sorted(p.name for p in (tmp_path / "sw").iterdir()) == ["manifest.json", "points"]
     assert not [p for p in (tmp_path / "sw" / "points").iterdir() if p.suffix != ".json"]
@@ -69,8 +72,8 @@ def test_sweep_stops_its_workers_within_a_second(tmp_path, signum, code):
 def test_ctrl_c_while_the_command_starts(tmp_path):
     # A third of a second in, Python is importing simbatch's machinery: that, too, is an interruption.
     # (A long run, not `validate`: on a quick machine `validate` can be over by then.)
-    returncode, err, took = _signalled(LONG_RUN, tmp_path, signal.SIGINT, 0.3)
-    assert (returncode, err) == (130, "interrupted\n") and took < 1.0, (returncode, err, took)
+    returncode, err, _ = _signalled(LONG_RUN, tmp_path, signal.SIGINT, 0.3)
+    assert (returncode, err) == (130, "interrupted\n"), (returncode, err)
     assert list(tmp_path.iterdir()) == []
 
 

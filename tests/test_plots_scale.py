@@ -1,11 +1,10 @@
-"""Plots that scale: bounded drawing time and figure size for any replica count, and no rounding noise.
+"""Plots that scale: figures of bounded size for any replica count, and no rounding noise.
 
-The "must show" of issue 16: a 1,000-replica run (short traffic) finishes plotting within 5 s.
+How long a 1,000-replica run takes to plot (issue 16: within 5 s) is measured by `make bench`
+(benchmarks/cli.py), not here: a shared machine's wall clock is no unit test's business.
 """
 
 from __future__ import annotations
-
-import time
 
 import numpy as np
 import pytest
@@ -26,11 +25,9 @@ def fleet_run(replicas: int, requests: int = 1000):
         "cluster": {"replicas": replicas, "router": "least_outstanding"}}))
 
 
-def test_a_1000_replica_run_plots_within_5_s_in_figures_of_bounded_size(tmp_path):
+def test_a_1000_replica_run_plots_in_figures_of_bounded_size(tmp_path):
     result = fleet_run(1000)
-    start = time.perf_counter()
     written = plots.save_run_plots(tmp_path, result)
-    assert time.perf_counter() - start < 5.0
     assert {p.name for p in written} >= {"replica_load.png", "load_imbalance.png"}
     for path in written:
         height, width = imread(path).shape[:2]

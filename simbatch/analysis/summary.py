@@ -128,6 +128,11 @@ def requests_frame(wl: WorkloadArrays, rec: Recorder) -> pd.DataFrame:
     sent = rec.sent_s[idx]
     arrival = np.where(np.isnan(sent), arrival, sent)
     first_token, finish = rec.first_token_s[idx], rec.finish_s[idx]
+    # The client's clock: a request reaches the engine frontend.request_latency_ms after its send, and
+    # each token the client response_latency_ms after the step that sampled it (adding 0 changes nothing).
+    request_latency_s, response_latency_s = rec.request_latency_s, rec.response_latency_s
+    if response_latency_s:
+        first_token, finish = first_token + response_latency_s, finish + response_latency_s
     output = wl.output_tokens[idx]
     ttft = first_token - arrival
     e2e = finish - arrival
@@ -156,7 +161,7 @@ def requests_frame(wl: WorkloadArrays, rec: Recorder) -> pd.DataFrame:
         "ttft_s": ttft,
         "tpot_s": tpot,
         "e2e_s": e2e,
-        "queue_s": rec.first_scheduled_s[idx] - arrival,
+        "queue_s": rec.first_scheduled_s[idx] - (arrival + request_latency_s if request_latency_s else arrival),
         "waiting_s": rec.waiting_s[idx],
         "client_wait_s": rec.client_wait_s[idx],
     }, copy=False)
@@ -249,7 +254,10 @@ def summarize(scenario: Scenario, requests: pd.DataFrame, iterations: pd.DataFra
 
     # Queueing: time averages from the state, means from the rows.
     # fmin ignores NaN: a request still in the system counts up to the end.
-    sojourn = np.fmin(admitted["finish_s"].to_numpy(), end_s) - admitted["arrival_s"].to_numpy()
+    # In the server: from the engine's receipt to its last token (the client's times less the frontend's).
+    frontend = scenario.frontend
+    sojourn = np.fmin(admitted["finish_s"].to_numpy() - frontend.response_latency_s, end_s) - \
+        (admitted["arrival_s"].to_numpy() + frontend.request_latency_s)
     lam = per_s(len(admitted))
     L = rec.area_system / duration if duration > 0 else math.nan
     W = float(sojourn.mean()) if len(admitted) else math.nan

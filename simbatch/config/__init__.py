@@ -587,6 +587,13 @@ class Scheduler(_Model):
     max_waiting: PosInt | None = Field(
         default=None, description="Waiting-queue cap per replica; arrivals beyond it are rejected (429)."
     )
+    async_scheduling: bool = Field(
+        default=False,
+        description="vLLM's --async-scheduling (on by default in vLLM V1): the engine plans step k+1 while step k "
+        "runs, so a request arriving during step k is first scheduled in step k+2, and a request finishing in "
+        "step k keeps its slot and blocks through the plan of step k+1; an engine with nothing to run plans at "
+        "once (continuous batching only; docs/concepts.md).",
+    )
 
 
 class ReplicaSpec(_Model):
@@ -749,6 +756,37 @@ class Metrics(_Model):
         description="Percentiles (0 < P < 100) printed per latency, and added to the summary as p<P>_<metric>_ms.")
 
 
+MAX_FRONTEND_MS = 60_000.0
+"""The longest frontend latency, ms: a minute; above it, a typo (and an overflow risk on the ns clock)."""
+
+
+class Frontend(_Model):
+    """The API server between the client and the engine: what a request spends outside the GPU steps.
+
+    vLLM's OpenAI-compatible server parses the request, tokenises the prompt (batching prompts for up
+    to 2 ms) and hands it to the engine core process; each step's tokens come back the other way,
+    detokenised and streamed as one server-sent event. ``vllm bench serve`` times a request from before
+    its POST, so both latencies are in its TTFT and E2E latency; TPOT and ITL, differences between
+    tokens, are not changed by them.
+    """
+
+    request_latency_ms: NonNegFloat = Field(
+        default=0.0, le=MAX_FRONTEND_MS,
+        description="From the client's send to the engine's waiting queue (HTTP, tokenisation, hand-off), ms.")
+    response_latency_ms: NonNegFloat = Field(
+        default=0.0, le=MAX_FRONTEND_MS,
+        description="From the end of the step that sampled a token to the client receiving it (detokenisation, "
+        "streaming), ms.")
+
+    @property
+    def request_latency_s(self) -> float:
+        return seconds(self.request_latency_ms)
+
+    @property
+    def response_latency_s(self) -> float:
+        return seconds(self.response_latency_ms)
+
+
 class Sim(_Model):
     """Simulation controls."""
 
@@ -775,6 +813,7 @@ class Scenario(_Model):
     batching: Batching = Field(default_factory=Batching)
     scheduler: Scheduler = Field(default_factory=Scheduler)
     cluster: Cluster = Field(default_factory=Cluster)
+    frontend: Frontend = Field(default_factory=Frontend)
     slo: SLO = Field(default_factory=SLO)
     metrics: Metrics = Field(default_factory=Metrics)
     sim: Sim = Field(default_factory=Sim)
@@ -813,6 +852,10 @@ class Scenario(_Model):
             raise ValueError("device.speculative with a request-level batching mode: a static or dynamic batch "
                              "emits one token per step for every slot; use batching.mode: continuous, or remove "
                              "device.speculative")
+        if self.scheduler.async_scheduling and any(b.mode != "continuous" for _, b in pairs):
+            raise ValueError("scheduler.async_scheduling with a request-level batching mode: it is how vLLM's "
+                             "engine overlaps planning a step with running the last one; use batching.mode: "
+                             "continuous, or set async_scheduling to false")
         return self
 
     @model_validator(mode="after")

@@ -32,20 +32,24 @@ class Client(Observer):
     A slot freed by a completion is usable ``think_time_s`` later (0 for the capped open loop).
     """
 
-    def __init__(self, env: simpy.Environment, slots: int, think_time_s: float, open_loop: bool):
+    def __init__(self, env: simpy.Environment, slots: int, think_time_s: float, open_loop: bool,
+                 response_latency_s: float = 0.0):
         self.env = env
         self.free = slots
-        self.think_time_ns = to_ns(think_time_s)
+        # A slot is free when the client has the response (frontend.response_latency_ms after the
+        # server's last token), and, in a closed loop, its user has thought.
+        self.think_time_ns = to_ns(think_time_s) + to_ns(response_latency_s)
         self.open_loop = open_loop
         self._wake: simpy.Event | None = None
 
     @classmethod
-    def of(cls, env: simpy.Environment, workload: Workload) -> Client | None:
+    def of(cls, env: simpy.Environment, workload: Workload, response_latency_s: float = 0.0) -> Client | None:
         """The client a workload asks for, or None when requests are sent at their arrival times."""
         if workload.closed_loop is not None:
-            return cls(env, workload.closed_loop.concurrency, workload.closed_loop.think_time_s, open_loop=False)
+            return cls(env, workload.closed_loop.concurrency, workload.closed_loop.think_time_s, open_loop=False,
+                       response_latency_s=response_latency_s)
         if workload.max_concurrency is not None:
-            return cls(env, workload.max_concurrency, 0.0, open_loop=True)
+            return cls(env, workload.max_concurrency, 0.0, open_loop=True, response_latency_s=response_latency_s)
         return None
 
     def send(self, intended_ns: int):

@@ -72,12 +72,14 @@ class Engine:
         self.env = simpy.Environment()
         # A client sends when earlier requests complete or are rejected, so send times are known only
         # as the run goes: it observes the run, after the caller's observers.
-        self.client = Client.of(self.env, scenario.workload)
+        self.client = Client.of(self.env, scenario.workload, scenario.frontend.response_latency_s)
         # The recorder is the first observer: the caller's see a request the recorder has counted.
         self.replica_scenarios = replica_scenarios(scenario)
         self.recorder = Recorder(len(workload), scenario.cluster.replicas,
                                  speculative=any(s.device.speculative is not None for s in self.replica_scenarios),
-                                 disaggregated=scenario.cluster.disaggregated is not None)
+                                 disaggregated=scenario.cluster.disaggregated is not None,
+                                 request_latency_s=scenario.frontend.request_latency_s,
+                                 response_latency_s=scenario.frontend.response_latency_s)
         self.observers = (self.recorder, *observers, *([self.client] if self.client is not None else []))
         cls = AcceleratedReplica if scenario.sim.fast_forward else Replica
         self.replicas = [cls(self.env, i, s, self.recorder, workload.tenant_names, check_invariants, self.observers)
@@ -107,6 +109,11 @@ class Engine:
             self._lone.run_ahead = self._views is None
             if scenario.sim.max_time_s is not None:
                 self._lone.stop_at_ns = _stop_ns(scenario.sim.max_time_s)
+        self._request_latency_ns = to_ns(scenario.frontend.request_latency_s)
+        self._single = len(self.entry) == 1 and self._views is None
+        self._rejected = self._rejections()
+        self._sending_done = False
+        self._deliveries_wake: simpy.Event | None = None
         self.env.process(self._arrivals())
 
     def _observe(self):
@@ -116,14 +123,94 @@ class Engine:
         state at exactly t_i - delay (before t = 0: the empty cluster), not an approximation
         refreshed at some polling period. Cost: one event and one snapshot of N replicas per arrival.
         """
-        env, delay_ns = self.env, to_ns(self.scenario.cluster.signal_delay_s)
+        env, delay_ns = self.env, to_ns(self.scenario.cluster.signal_delay_s) - self._request_latency_ns
         for (t,) in _chunked(self._arrival_ns):
             if t - delay_ns > env.now:
                 yield Urgent(env, t - delay_ns - env.now)
             self._views.append(tuple(Load.of(r) for r in self.replicas))
 
     def _arrivals(self):
-        """Admit each request at its arrival instant: cluster cap, router, then the replica's checks.
+        """Send each request at its arrival instant (or when the client lets it go), and hand it to the
+        cluster ``frontend.request_latency_ms`` later (:meth:`_receive`).
+
+        Without a client the send times are known in advance, so each request is received at its
+        arrival plus the latency; a client's sends are known only as the run goes, so with a latency
+        they queue for :meth:`_deliveries`, in send order (the latency is the same for all).
+        """
+        env, wl, rec, sc = self.env, self.workload, self.recorder, self.scenario
+        rows = _chunked(self._arrival_ns, wl.arrival_s, wl.prompt_tokens, wl.output_tokens, wl.tenant,
+                        wl.priority, wl.prefix_stream, wl.shared_prefix_tokens)
+        lone = self._lone  # told when each request will arrive
+        client, latency_ns = self.client, self._request_latency_ns
+        # Closed-loop users stop at the workload's duration (open-loop arrivals are all before it).
+        stop_sending_ns = to_ns(sc.workload.duration_s) \
+            if client is not None and not client.open_loop and sc.workload.duration_s is not None else None
+        deliveries = None
+        if client is not None and latency_ns:
+            self._pending: deque = deque()
+            deliveries = env.process(self._deliveries())
+        for i, (t, t_s, *request) in enumerate(rows):
+            if client is not None:
+                wait_ns = yield from client.send(t)
+                if stop_sending_ns is not None and env.now >= stop_sending_ns:
+                    break
+                rec.sent(i, env.now / NS_PER_S, wait_ns / NS_PER_S)  # the server's clock starts at the send
+                if deliveries is not None:
+                    self._pending.append((env.now + latency_ns, i, request))
+                    self._poke_deliveries()
+                    continue
+                now_s = env.now / NS_PER_S
+            else:
+                if latency_ns:
+                    t += latency_ns
+                    t_s = t / NS_PER_S
+                if lone is not None:
+                    lone.next_arrival_ns = t
+                if t > env.now:
+                    yield Urgent(env, t - env.now)
+                now_s = t_s
+            if self.on_progress is not None and i % 1024 == 0:
+                self.on_progress(now_s, i)
+            self._receive(i, now_s, *request)
+        self._sending_done = True
+        if deliveries is not None:
+            self._poke_deliveries()
+        else:
+            self._close()
+
+    def _deliveries(self):
+        """Requests a client sent, received ``frontend.request_latency_ms`` later, in send order."""
+        env, pending = self.env, self._pending
+        while True:
+            if not pending:
+                if self._sending_done:
+                    self._close()
+                    return
+                self._deliveries_wake = env.event()
+                yield self._deliveries_wake
+                continue
+            at_ns = pending[0][0]
+            if at_ns > env.now:
+                yield Urgent(env, at_ns - env.now)
+            _, i, request = pending.popleft()
+            self._receive(i, env.now / NS_PER_S, *request)
+
+    def _poke_deliveries(self) -> None:
+        wake = self._deliveries_wake
+        if wake is not None and not wake.triggered:
+            wake.succeed()
+
+    def _close(self) -> None:
+        """Every request has been received: no more arrivals."""
+        if self._lone is not None:
+            self._lone.next_arrival_ns = math.inf
+        self.arrivals_done = True
+        for replica in self.replicas:
+            replica.close()
+
+    def _receive(self, i: int, now_s: float, prompt: int, output: int, tenant: int, priority: int, stream: int,
+                 shared: int) -> None:
+        """Admit request ``i``, reaching the cluster at ``now_s``: cluster cap, router, then the replica's checks.
 
         Rejection reasons: ``cluster_full`` (``cluster.max_in_flight`` requests already in the
         cluster; never routed), then, at the replica the router chose, ``never_fits`` or
@@ -131,59 +218,28 @@ class Engine:
         (``scheduler.max_waiting``). A routed request records its replica even when rejected.
         Every arrival takes its own snapshot off the queue, routed or not.
         """
-        env, wl, rec, sc = self.env, self.workload, self.recorder, self.scenario
-        max_waiting, max_in_flight = sc.scheduler.max_waiting, sc.cluster.max_in_flight
-        replicas, entry, views, observers = self.replicas, self.entry, self._views, self.observers
-        rows = _chunked(self._arrival_ns, wl.arrival_s, wl.prompt_tokens, wl.output_tokens, wl.tenant,
-                        wl.priority, wl.prefix_stream, wl.shared_prefix_tokens)
-        single = len(entry) == 1 and views is None
-        lone = self._lone  # told when each request will arrive
-        client = self.client
-        # Closed-loop users stop at the workload's duration (open-loop arrivals are all before it).
-        stop_sending_ns = to_ns(sc.workload.duration_s) \
-            if client is not None and not client.open_loop and sc.workload.duration_s is not None else None
-        rejected = self._rejections()
-        for i, (t, t_s, prompt, output, tenant, priority, stream, shared) in enumerate(rows):
-            if lone is not None:
-                lone.next_arrival_ns = t
-            if client is not None:
-                wait_ns = yield from client.send(t)
-                if stop_sending_ns is not None and env.now >= stop_sending_ns:
-                    break
-                now_s = env.now / NS_PER_S  # the server's clock starts at the send
-                rec.sent(i, now_s, wait_ns / NS_PER_S)
-            else:
-                if t > env.now:
-                    yield Urgent(env, t - env.now)
-                now_s = t_s
-            if self.on_progress is not None and i % 1024 == 0:
-                self.on_progress(now_s, i)
-            view = None if views is None else views.popleft()
-            if max_in_flight is not None and \
-                    sum(r.num_running + r.num_waiting for r in replicas) >= max_in_flight:
-                reason = "cluster_full"  # never routed
-            else:
-                replica = entry[0] if single else \
-                    replicas[self.router.route(i, entry if view is None else view)]
-                rec.replica[i] = replica.index
-                reason = rejected[replica.index].get(i)
-                if reason is None and max_waiting is not None and replica.num_waiting >= max_waiting:
-                    reason = "queue_full"
-            if reason is not None:
-                for o in observers:
-                    o.rejection(now_s, i, reason)
-                continue
-            req = Request(i, now_s, prompt, output, tenant, priority)
-            if stream != OWN_STREAM or shared:
-                req.prefix_stream, req.shared_prefix_tokens = stream, shared
-            replica.submit(req, now_s)
-            for o in observers:
-                o.arrival(now_s, req)
-        if lone is not None:
-            lone.next_arrival_ns = math.inf
-        self.arrivals_done = True
-        for replica in replicas:
-            replica.close()
+        sc, replicas, entry, views = self.scenario, self.replicas, self.entry, self._views
+        max_in_flight = sc.cluster.max_in_flight
+        view = None if views is None else views.popleft()
+        if max_in_flight is not None and sum(r.num_running + r.num_waiting for r in replicas) >= max_in_flight:
+            reason = "cluster_full"  # never routed
+        else:
+            replica = entry[0] if self._single else replicas[self.router.route(i, entry if view is None else view)]
+            self.recorder.replica[i] = replica.index
+            reason = self._rejected[replica.index].get(i)
+            if reason is None and sc.scheduler.max_waiting is not None and \
+                    replica.num_waiting >= sc.scheduler.max_waiting:
+                reason = "queue_full"
+        if reason is not None:
+            for o in self.observers:
+                o.rejection(now_s, i, reason)
+            return
+        req = Request(i, now_s, prompt, output, tenant, priority)
+        if stream != OWN_STREAM or shared:
+            req.prefix_stream, req.shared_prefix_tokens = stream, shared
+        replica.submit(req, now_s)
+        for o in self.observers:
+            o.arrival(now_s, req)
 
     def _rejections(self) -> list[dict[int, str]]:
         """Per replica, the requests it must turn away at arrival (see :func:`rejection_reasons`).

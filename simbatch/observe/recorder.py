@@ -87,7 +87,10 @@ class Recorder(Observer):
     """Time-weighted state, iteration runs and per-request outcomes of one run (see the module)."""
 
     def __init__(self, num_requests: int, num_replicas: int, *, speculative: bool = False,
-                 disaggregated: bool = False):
+                 disaggregated: bool = False, request_latency_s: float = 0.0, response_latency_s: float = 0.0):
+        # The frontend's latencies (config.Frontend): the engine's times are the server's; the frames
+        # turn them into the client's.
+        self.request_latency_s, self.response_latency_s = request_latency_s, response_latency_s
         # Time-weighted number in system / waiting.
         self.t_last = 0.0
         self.n_system = 0

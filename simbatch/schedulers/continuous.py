@@ -95,10 +95,72 @@ class ContinuousScheduler(BaseScheduler):
         self._incoming: dict[Request, None] = {}
         self._delivered: list[Request] = []
         self.transfers_started: list[Request] = []
+        # Async scheduling (scheduler.async_scheduling; see schedule): requests that arrived since the
+        # last plan, and during the step before it (the next plan is the first to see them); requests
+        # that finished at the end of the last step, and of the step before (slots and blocks held
+        # through this plan); whether a step has been in flight since the last plan (not after idling).
+        self.async_scheduling = s.async_scheduling
+        self._arrived: list[Request] = []
+        self._unseen: list[Request] = []
+        self._done_last_step: list[Request] = []
+        self._done_held: list[Request] = []
+        self._stepping = False
+
+    # ---------------------------------------------------------------- the engine's cadence
+    def add(self, req: Request, now: float) -> None:
+        if not self.async_scheduling:
+            super().add(req, now)
+            return
+        req.status = WAITING  # in the server, not yet seen by the scheduler (schedule)
+        req.waiting_since_s = now
+        self._arrived.append(req)
+
+    def schedule(self, now: float) -> StepPlan | Idle:
+        """Plan the next step.
+
+        With async scheduling (vLLM's default) the engine plans step k+1 as soon as step k is launched,
+        before step k ends: this plan, made here at the end of step k, is the one vLLM made at its start.
+        So it does not see the requests that arrived during step k (they wait for the next plan, and
+        run in step k+2), and the requests that finished in step k still hold their slots and blocks
+        (vLLM frees them when step k's outputs come back, after planning step k+1). An engine with
+        nothing to run launches nothing and plans again when the outputs are in: so when this plan
+        would be empty, or the engine was idle, the scheduler catches up and plans on everything.
+        """
+        if not self.async_scheduling:
+            return self._plan(now)
+        if self._stepping:
+            self._release_done(self._done_held)
+            self._done_held, self._done_last_step = self._done_last_step, []
+            for req in self._unseen:
+                self.waiting.push(req)
+            self._unseen, self._arrived = self._arrived, []
+            plan = self._plan(now)
+            if plan is IDLE and (self._unseen or self._done_held):
+                self._catch_up()
+                plan = self._plan(now)
+        else:
+            self._catch_up()
+            plan = self._plan(now)
+        self._stepping = plan is not IDLE
+        return plan
+
+    def _catch_up(self) -> None:
+        """Async scheduling: see every arrival and free every finished request now."""
+        self._release_done(self._done_held)
+        self._release_done(self._done_last_step)
+        self._done_held, self._done_last_step = [], []
+        for req in (*self._unseen, *self._arrived):
+            self.waiting.push(req)
+        self._unseen, self._arrived = [], []
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting) + len(self._arrived) + len(self._unseen)
 
     # ---------------------------------------------------------------- planning
-    def schedule(self, now: float, admit: bool = True) -> StepPlan | Idle:
-        """Plan the next step; ``admit=False`` plans it without admissions (see ``_replan``)."""
+    def _plan(self, now: float, admit: bool = True) -> StepPlan | Idle:
+        """Plan the next step on the requests the scheduler sees; ``admit=False`` plans it without
+        admissions (see ``_replan``)."""
         if self._delivered:
             self._join_delivered()
         running, prefilling = self.running, self._prefilling
@@ -168,7 +230,7 @@ class ContinuousScheduler(BaseScheduler):
         """Plan again after a forced preemption. The step preempted, so it admits nobody (its victim
         would come straight back, its work discarded), unless nothing is left running: an engine with
         work waiting must not idle."""
-        plan = self.schedule(now, admit=not self.running)
+        plan = self._plan(now, admit=not self.running)
         if plan is not IDLE:
             plan.num_preempted += carried.num_preempted
             plan.swap_blocks += carried.swap_blocks
@@ -296,15 +358,17 @@ class ContinuousScheduler(BaseScheduler):
 
     # ---------------------------------------------------------------- disaggregated pools
     def _seats_taken(self) -> int:
-        """Running requests, and those whose KV is on its way here (each has its slot reserved)."""
-        return len(self.running) + len(self._incoming) + len(self._delivered)
+        """Running requests, those whose KV is on its way here (each has its slot reserved), and, with
+        async scheduling, those that finished in the last step (their slots are freed after this plan)."""
+        return len(self.running) + len(self._incoming) + len(self._delivered) + len(self._done_held) + \
+            len(self._done_last_step)
 
     @property
     def num_running(self) -> int:
-        return self._seats_taken()
+        return len(self.running) + len(self._incoming) + len(self._delivered)
 
     def in_system(self) -> list[Request]:
-        return [*self.running, *self.waiting, *self._incoming, *self._delivered]
+        return [*self.running, *self.waiting, *self._incoming, *self._delivered, *self._arrived, *self._unseen]
 
     def _start_transfer(self, req: Request, now: float) -> None:
         """Reserve the blocks of ``req``'s remote KV: the transfer starts now (the engine times it)."""
@@ -342,7 +406,8 @@ class ContinuousScheduler(BaseScheduler):
         self.kv.release(req)
 
     def _block_holders(self) -> list[Request]:
-        return [*self.running, *self._sending, *self._incoming, *self._delivered]
+        return [*self.running, *self._sending, *self._incoming, *self._delivered, *self._done_held,
+                *self._done_last_step]
 
     def _evict_for(self, req: Request, now: float, plan: StepPlan) -> bool:
         """Priority's teeth: preempt the worst running request if its priority is strictly worse.
@@ -402,18 +467,32 @@ class ContinuousScheduler(BaseScheduler):
         """``req`` sampled a token and goes on decoding (a hook for the lockstep scheduler)."""
 
     def _drop_finished(self, finished: list[Request]) -> None:
-        """Release the step's finished requests, in running (admission) order as vLLM frees them:
-        with prefix caching the order their blocks join the free queue decides what is evicted first
-        (without it, which blocks are reused is seen nowhere, and the order is left as it comes)."""
-        release = self.kv.release
-        for req in sorted(finished, key=_admission_order) if len(finished) > 1 and self.kv.caching else finished:
-            release(req)
+        """Take the step's finished requests out of the running set and release them (with async
+        scheduling, after the next plan: see ``schedule``)."""
+        if self.async_scheduling:
+            self._done_last_step += finished
+        else:
+            self._release_done(finished)
         if len(finished) < 8:
             for req in finished:
                 self.running.remove(req)
         elif finished:
             self.running = [r for r in self.running if r.status is RUNNING]
 
+    def _release_done(self, finished: list[Request]) -> None:
+        """Free the blocks of one step's finished requests, in running (admission) order as vLLM frees them:
+        with prefix caching the order their blocks join the free queue decides what is evicted first
+        (without it, which blocks are reused is seen nowhere, and the order is left as it comes)."""
+        release = self.kv.release
+        for req in sorted(finished, key=_admission_order) if len(finished) > 1 and self.kv.caching else finished:
+            release(req)
+
     def check_invariants(self) -> None:
         super().check_invariants()
         assert list(self._prefilling) == [r for r in self.running if r.prefill_pending], "prefilling set drifted"
+        unseen = [*self._arrived, *self._unseen]
+        assert all(r.status is WAITING and not r.blocks for r in unseen), "an unseen arrival is not plainly waiting"
+        assert not {r.request_id for r in unseen} & {r.request_id for r in (*self.running, *self.waiting)}, \
+            "a request is in two pools"
+        assert all(r.status is FINISHED for r in (*self._done_held, *self._done_last_step)), \
+            "a request held after finishing is not finished"

@@ -61,9 +61,9 @@ class LockstepScheduler(ContinuousScheduler):
         self._plan_used = 0  # blocks in use during the first step of the run planned last
 
     # ---------------------------------------------------------------- planning
-    def schedule(self, now: float, admit: bool = True) -> StepPlan | Idle:
+    def _plan(self, now: float, admit: bool = True) -> StepPlan | Idle:
         self._group_reserved = False
-        plan = super().schedule(now, admit)
+        plan = super()._plan(now, admit)
         if plan is not IDLE:
             device = self.kv.device
             self._plan_used = device.num_blocks - device.num_free
@@ -247,6 +247,8 @@ class LockstepScheduler(ContinuousScheduler):
         """
         if not plan.group or plan.slices or plan.num_admitted or plan.num_preempted or plan.swap_blocks:
             return 1
+        if self._unseen or self._done_held:
+            return 1  # async scheduling: the next plan sees these arrivals, or has these requests' room
         self._drop_stale()
         k = self._done[0][0] - step  # the first completion happens in the k-th step of the run
         if k <= 1:
@@ -270,8 +272,8 @@ class LockstepScheduler(ContinuousScheduler):
         admitted and, with blocks only shrinking, still cannot; a newcomer may not overtake it).
         Priority may evict for a newcomer, so it always replans, as does a decode replica that a
         transfer has just delivered to (the newcomer decodes from the next step)."""
-        if self.evicts_for_priority or self._delivered:
-            return False
+        if self.evicts_for_priority or self._delivered or self.async_scheduling:
+            return False  # (async scheduling: the arrival is seen a plan later, which must be made)
         return len(self.running) >= self.max_num_seqs or \
             (self._fifo and self.head_of_line_blocking and self._waiting_at_plan > 0)
 
