@@ -231,7 +231,7 @@ def run_lone_replica(scenario: Scenario, run_ahead: bool) -> tuple:
 @given(scenarios())
 def test_running_ahead_of_simpy_is_invisible(scenario):
     """A lone accelerated replica that applies the steps ending before the next arrival at once,
-    without SimPy events (:mod:`simbatch.engine.accel.runs`), records exactly what yielding for every
+    without SimPy events (:mod:`simbatch.engine.replica`), records exactly what yielding for every
     step or run records."""
     scenario = Scenario.model_validate({**scenario, "cluster": {"replicas": 1},
                                         "sim": {**scenario["sim"], "fast_forward": True}})

@@ -3,7 +3,7 @@
 One SimPy process sends each request at its arrival instant: the cluster cap (``max_in_flight``), the
 router (reading live replicas, or snapshots taken ``signal_delay_ms`` earlier by a second process),
 then the chosen replica's own checks, and the replica's queue. The replicas run on their own
-(:mod:`simbatch.engine.replica`, or :mod:`simbatch.engine.accel.runs` with ``sim.fast_forward``).
+(:mod:`simbatch.engine.replica`, accelerated under ``sim.fast_forward``: :mod:`simbatch.engine.accel`).
 
 Time is kept in integer nanoseconds (:mod:`simbatch.model.clock`, which also states the tie rule: at one
 instant, the clock stop, then arrivals and snapshots, then the engines). Arrivals and snapshots are
@@ -20,7 +20,6 @@ import numpy as np
 import simpy
 
 from simbatch.config import Scenario, replica_scenarios
-from simbatch.engine.accel.runs import AcceleratedReplica
 from simbatch.engine.client import Client
 from simbatch.engine.disaggregated import Dispatcher
 from simbatch.engine.replica import Replica
@@ -81,8 +80,7 @@ class Engine:
                                  request_latency_s=scenario.frontend.request_latency_s,
                                  response_latency_s=scenario.frontend.response_latency_s)
         self.observers = (self.recorder, *observers, *([self.client] if self.client is not None else []))
-        cls = AcceleratedReplica if scenario.sim.fast_forward else Replica
-        self.replicas = [cls(self.env, i, s, self.recorder, workload.tenant_names, check_invariants, self.observers)
+        self.replicas = [Replica(self.env, i, s, self.recorder, workload.tenant_names, check_invariants, self.observers)
                          for i, s in enumerate(self.replica_scenarios)]
         for replica in self.replicas:
             replica.plans_after_sends = self.client is not None

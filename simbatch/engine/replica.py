@@ -1,4 +1,4 @@
-"""One engine, plainly: the loop that *is* the model.
+"""One engine: the loop that *is* the model.
 
     plan = scheduler.schedule(now)      # who computes how many tokens this step
     duration = step time of the plan    # the cost model
@@ -7,9 +7,19 @@
     record the step and the outcome     # the recorder
 
 With nothing to do the loop sleeps, without ticking, until a request arrives (``submit`` wakes it)
-or a batching timer falls due. Every step is one SimPy event, and the scheduler plans every request
-one at a time: this is the reference engine (``sim.fast_forward: false``), which the accelerated one
-(:mod:`simbatch.engine.accel.runs`) must match frame for frame.
+or a batching timer falls due.
+
+There is one loop for both engines. The reference engine (``sim.fast_forward: false``) holds the null
+accelerator (:mod:`simbatch.engine.accel`): every plan is one step, one SimPy event. The accelerated
+engine's accelerator may say that a plan repeats ``k`` times if nothing arrives; the loop then takes
+the run as one timeout, its durations summed exactly by the cost model (:class:`~simbatch.model.cost.StepRun`).
+An arrival at this replica during the run cuts it at the end of the step in progress, which is exactly
+when a step-by-step engine would first see the arrival; the run goes on if the plan survives the
+arrival. A lone replica that nobody observes (no router, no delayed snapshots) is also told when the
+next request arrives (``next_arrival_ns``): a step or run that ends before then, and before the clock
+stop, cannot be affected by anything outside the replica, so it is applied at once on the replica's
+own clock (``run_ahead``), and the loop yields only for the step during which the next request
+arrives, so SimPy still orders every interaction.
 
 Times cross into the scheduler and the recorder in seconds; the loop itself counts whole
 nanoseconds (:mod:`simbatch.model.clock`).
@@ -17,29 +27,28 @@ nanoseconds (:mod:`simbatch.model.clock`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import simpy
 
 from simbatch.config import Scenario
-from simbatch.engine.accel.lockstep import LockstepScheduler
+from simbatch.engine.accel import engine_scheduler
 from simbatch.model.clock import NS_PER_S, Late, ceil_ns
-from simbatch.model.cost import LinearCost
+from simbatch.model.cost import LinearCost, StepRun
 from simbatch.model.request import Request
 from simbatch.observe.observers import Observer
 from simbatch.observe.recorder import Recorder, StepShape, replaced
-from simbatch.schedulers import IDLE, BaseScheduler, Idle, SleepUntil, StepPlan, make_scheduler
+from simbatch.schedulers import IDLE, BaseScheduler, Idle, SleepUntil, StepPlan
 
 
 def scheduler_for(scenario: Scenario, tenant_names: tuple[str, ...] = ("default",)) -> BaseScheduler:
-    """The scheduler an engine of ``scenario`` runs: continuous batching's accelerated twin, the lockstep
-    scheduler, under ``sim.fast_forward``; the model's own otherwise."""
-    accelerated = scenario.sim.fast_forward and scenario.batching.mode == "continuous"
-    return make_scheduler(scenario, tenant_names, LockstepScheduler if accelerated else None)
+    """The scheduler an engine of ``scenario`` runs (the accelerated twin under ``sim.fast_forward``)."""
+    return engine_scheduler(scenario, tenant_names)[0]
 
 
 class Replica:
-    """One engine: a scheduler, its KV cache, and the SimPy process that steps it."""
+    """One engine: a scheduler, its KV cache, its accelerator, and the SimPy process that steps it."""
 
     def __init__(self, env: simpy.Environment, index: int, scenario: Scenario, recorder: Recorder,
                  tenant_names: tuple[str, ...], check_invariants: bool = False,
@@ -48,17 +57,31 @@ class Replica:
         self.index = index
         self.device = scenario.device
         self.cost = LinearCost.of(scenario.device, scenario.kv_cache.swap_ms_per_block)
-        self.scheduler: BaseScheduler = scheduler_for(scenario, tenant_names)
+        self.scheduler, self.accel = engine_scheduler(scenario, tenant_names)
         self.recorder = recorder
         self.observers = tuple(observers)
         # Told of every step: only those that listen (the recorder keeps rows, not memberships).
         self.step_observers = tuple(o for o in observers if type(o).steps is not Observer.steps)
         self.check = check_invariants
         self.step = 0
-        self._wake: simpy.Event | None = None  # set while sleeping
-        self._step_ctx: tuple | None = None  # the step in progress, to record if the clock stops
+        self._wake: simpy.Event | None = None  # set while sleeping, or holding the GPU for a run of steps
+        self._step_ctx: tuple | None = None  # the single step in progress, to record if the clock stops
+        # A run of steps in progress: its start, its durations and the repeats of its plan done before
+        # this part of it; and what applying it early needs.
+        self._run_start_ns = 0
+        self._run_durations: StepRun | None = None
+        self._run_offset = 0
+        self._run_ctx: tuple | None = None
         # With a client, requests are also sent at completion instants: the loop plans only after them.
         self.plans_after_sends = False
+        # Set by the cluster for a lone accelerated replica (module docstring): every request comes
+        # here, so the arrival process keeps ``next_arrival_ns`` at the time of the next arrival (inf
+        # after the last; 0, "not yet known", before the first), and runs of steps end there by themselves
+        # instead of being woken; and, unless delayed snapshots read its state, it may run ahead up to there.
+        self.next_arrival_ns: float = 0
+        self.knows_arrivals = False
+        self.run_ahead = False
+        self.stop_at_ns: float = math.inf
         # In a disaggregated cluster: "prefill" or "decode", and the dispatcher between the pools.
         self.pool: str | None = None
         self.dispatcher = None
@@ -75,6 +98,10 @@ class Replica:
 
     @property
     def kv_blocks_used(self) -> int:
+        """Blocks in use now; inside a run of steps, as of the step in progress."""
+        if self._run_durations is not None:
+            i = self._run_durations.reach(self._run_offset, self.env.now - self._run_start_ns)
+            return self.accel.kv_blocks_during(self._run_offset + i)
         return self.scheduler.kv_blocks_used
 
     @property
@@ -149,47 +176,139 @@ class Replica:
                 o.completion(end_s, outcome.finished)
 
     def _run(self):
-        env, sched, rec = self.env, self.scheduler, self.recorder
-        contiguous = False
+        env, sched, accel, rec, index = self.env, self.scheduler, self.accel, self.recorder, self.index
+        # Bound once: this loop runs a few times per request.
+        schedule, repeatable_steps, record = sched.schedule, accel.repeatable_steps, rec.record_steps
+        step_duration_ns, planned, cost_run = self.cost.plan_ns, self._planned, self.cost.run
+        run_ahead, stop_at = self.run_ahead, self.stop_at_ns  # set by the cluster before the run starts
+        contiguous, now = False, env.now  # now: this replica's clock, ahead of env.now when running ahead
+        late = self.plans_after_sends  # a client: plan after the sends of this instant (no running ahead)
+        observed = bool(self.step_observers)
         while True:
-            if self.plans_after_sends:
-                yield Late(env)  # sends at this instant, caused by completions at it, come first
-            now = env.now
+            if late:
+                yield Late(env)
             now_s = now / NS_PER_S
-            plan = sched.schedule(now_s)
+            plan = schedule(now_s)
             if self.pool is not None:
                 self._hand_over(plan, now)
             if plan.__class__ is not StepPlan:
                 yield from self._sleep(plan)
-                contiguous = False
+                contiguous, now = False, env.now
                 continue
-            duration = self.step_duration_ns(plan)
-            shape = self._planned(plan, now_s)
-            kv_blocks = sched.kv_blocks_used
-            self._step_ctx = (now, duration, shape, kv_blocks, contiguous, plan)
-            yield env.timeout(duration)
-            self._step_ctx = None
-            end_s = env.now / NS_PER_S
-            outcome = sched.finish_step(plan, end_s, self.step)
-            self.step += 1
-            if outcome.itl_tokens != plan.decode_seqs:  # a token after a pause, or a first token
-                shape = replaced(shape, "itl_tokens", outcome.itl_tokens)
-            rec.record_steps(self.index, now_s, 1, shape, kv_blocks, contiguous, duration)
-            if self.step_observers:
-                self._observed(now_s, duration / NS_PER_S, 1, plan)
-            self._finished(outcome, end_s)
-            contiguous = True
+            duration = step_duration_ns(plan)
+            shape = planned(plan, now_s)
+            k = repeatable_steps(plan, self.step)
+            if k == 1:
+                kv_sum = accel.kv_blocks_sum(1)
+                end = now + duration
+                if not run_ahead or end >= self.next_arrival_ns or end >= stop_at:
+                    self._step_ctx = (now, duration, shape, kv_sum, contiguous, plan)
+                    yield env.timeout(end - env.now)  # SimPy's clock catches up with the replica's
+                    self._step_ctx = None
+                outcome = sched.finish_step(plan, end / NS_PER_S, self.step)
+                if outcome.itl_tokens != plan.decode_seqs:  # a token after a pause, or a first token
+                    shape = replaced(shape, "itl_tokens", outcome.itl_tokens)
+                record(index, now_s, 1, shape, kv_sum, contiguous, duration)
+                if observed:
+                    self._observed(now_s, duration / NS_PER_S, 1, plan)
+                n = 1
+            else:
+                run = cost_run(plan, duration)
+                n, start = 0, now  # steps of this plan done so far; start of the part in progress
+                while n < k:
+                    self._run_ctx = (plan, shape, contiguous)
+                    self._run_start_ns, self._run_durations, self._run_offset = start, run, n
+                    if self.knows_arrivals:
+                        m = self._steps_before_arrival(start, run, n, k - n)
+                        end = start + run.ns(n, m)
+                        if not run_ahead or end >= self.next_arrival_ns or end >= stop_at:
+                            yield env.timeout(end - env.now)
+                    else:
+                        m = yield from self._run_of_steps(start, run, n, k - n)
+                        end = start + run.ns(n, m)
+                    self._run_durations = None
+                    kv_sum = accel.kv_blocks_sum(n + m) - accel.kv_blocks_sum(n) if n else accel.kv_blocks_sum(m)
+                    record(index, start / NS_PER_S, m, shape, kv_sum, contiguous, end - start)
+                    if observed:
+                        self._observed(start / NS_PER_S, (end - start) / m / NS_PER_S, m, plan)
+                    n, start, contiguous = n + m, end, True
+                    if n == k:
+                        break  # the run is over: nothing cut it, or an arrival in its last step
+                    if late:
+                        yield Late(env)  # decide at the step boundary as the reference plans: after its sends
+                    if not accel.plan_survives_arrivals():
+                        break
+                    # The arrival only lengthened WAITING: the same plan runs on, recorded anew.
+                    shape = replaced(shape, "num_waiting", len(sched.waiting))
+                self._run_ctx = None
+                outcome = accel.finish_steps(plan, n, end / NS_PER_S, self.step)
+            self.step += n
+            if outcome.finished or outcome.stall_gaps_s:
+                self._finished(outcome, end / NS_PER_S)
+            contiguous, now = True, end
+
+    def _steps_before_arrival(self, start_ns: int, run: StepRun, i0: int, k: int) -> int:
+        """Of up to ``k`` repeats from the ``i0``-th of ``run``, starting at ``start_ns``, how many run
+        before the next arrival here is seen.
+
+        The step in progress when it arrives is the last one (an arrival at the instant a step ends is
+        seen right after that step); fewer than ``k`` means the arrival cut the run short.
+        """
+        t_next = self.next_arrival_ns
+        return run.reach(i0, t_next - start_ns) if t_next < start_ns + run.ns(i0, k) else k
+
+    def _run_of_steps(self, start_ns: int, run: StepRun, i0: int, k: int):
+        """Hold the GPU for up to ``k`` repeats from the ``i0``-th of ``run``, or until an arrival is
+        seen (woken by ``submit``).
+
+        Returns the steps done (fewer than ``k`` when an arrival cut the run short).
+        """
+        env = self.env
+        self._wake = env.event()
+        total = run.ns(i0, k)
+        yield self._wake | env.timeout(total)
+        n = k
+        if self._wake.triggered and env.now < start_ns + total:
+            # An arrival during step n: finish that step; the scheduler sees the arrival after it.
+            n = run.reach(i0, env.now - start_ns)
+            end_ns = start_ns + run.ns(i0, n)
+            self._wake = None
+            if end_ns > env.now:
+                yield env.timeout(end_ns - env.now)
+        self._wake = None
+        return n
 
     def stop(self, at_ns: int) -> None:
-        """The clock stopped at ``at_ns``: record the step in progress, as begun but never done.
+        """The clock stopped at ``at_ns``: settle what was in progress, as stepping one at a time would.
 
-        It began, so its admissions and preemptions happened; its tokens never came (``itl_tokens``
-        0), and it is not applied. A step ending at the stop instant is such a step: nothing happens
-        at the stop.
+        The steps of a run that ended before the stop are applied. The step in progress at the stop is
+        recorded as begun but never done: its admissions and preemptions happened, its tokens never came
+        (``itl_tokens`` 0), and it is not applied. A step ending at the stop instant is such a step:
+        nothing happens at the stop.
         """
+        rec = self.recorder
+        if self._run_ctx is not None:
+            plan, shape, contiguous = self._run_ctx
+            start, done, run = self._run_start_ns, self._run_offset, self._run_durations
+            accel = self.accel
+            m = run.reach(done, at_ns - start) - 1  # steps of this part that ended before the stop
+            busy = run.ns(done, m)
+            if m > 0:
+                rec.record_steps(self.index, start / NS_PER_S, m, shape,
+                                 accel.kv_blocks_sum(done + m) - accel.kv_blocks_sum(done), contiguous, busy)
+                self._observed(start / NS_PER_S, busy / m / NS_PER_S, m, plan)
+            last_start_s, last_ns = (start + busy) / NS_PER_S, run.ns(done + m, 1)
+            rec.record_steps(self.index, last_start_s, 1, replaced(shape, "itl_tokens", 0),
+                             accel.kv_blocks_sum(done + m + 1) - accel.kv_blocks_sum(done + m), m > 0 or contiguous,
+                             last_ns)
+            self._observed(last_start_s, last_ns / NS_PER_S, 1, plan, done=False)
+            if done + m > 0:
+                accel.finish_steps(plan, done + m, last_start_s, self.step)
+                self.step += done + m
+            self._run_ctx = None
         if self._step_ctx is not None:
             start, duration, shape, kv_blocks, contiguous, plan = self._step_ctx
-            self.recorder.record_steps(self.index, start / NS_PER_S, 1, replaced(shape, "itl_tokens", 0), kv_blocks,
-                                       contiguous, duration)
+            rec.record_steps(self.index, start / NS_PER_S, 1, replaced(shape, "itl_tokens", 0), kv_blocks,
+                             contiguous, duration)
             self._observed(start / NS_PER_S, duration / NS_PER_S, 1, plan, done=False)
             self._step_ctx = None

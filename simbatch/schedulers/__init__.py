@@ -8,16 +8,19 @@ from simbatch.schedulers.policies import make_queue
 from simbatch.schedulers.request_level import RequestLevelScheduler
 
 
+def scheduler_class(scenario: Scenario) -> type[BaseScheduler]:
+    """The model's scheduler for the scenario's batching mode."""
+    return ContinuousScheduler if scenario.batching.mode == "continuous" else RequestLevelScheduler
+
+
 def make_scheduler(scenario: Scenario, tenant_names: tuple[str, ...] = ("default",),
                    cls: type[BaseScheduler] | None = None) -> BaseScheduler:
     """A fresh scheduler of the scenario's batching mode, with its own KV cache and waiting queue,
     for one engine: the model's own (``cls``: an accelerated twin of it, from :mod:`simbatch.engine.accel`)."""
     kv = KVCacheManager(scenario.kv_cache)
     waiting = make_queue(scenario.scheduler, tenant_names)
-    if cls is None:
-        cls = ContinuousScheduler if scenario.batching.mode == "continuous" else RequestLevelScheduler
-    return cls(scenario, kv, waiting)
+    return (cls or scheduler_class(scenario))(scenario, kv, waiting)
 
 
 __all__ = ["IDLE", "Answer", "BaseScheduler", "ContinuousScheduler", "Idle", "SleepUntil", "RequestLevelScheduler",
-           "StepOutcome", "StepPlan", "make_scheduler"]
+           "StepOutcome", "StepPlan", "make_scheduler", "scheduler_class"]

@@ -147,33 +147,6 @@ class RequestLevelScheduler(BaseScheduler):
         plan.kv_tokens = self._rows_tokens + len(batch) * steps_since_prefill
         return plan
 
-    # ---------------------------------------------------------------- fast-forward (engine/accelerated.py)
-    def repeatable_steps(self, plan: StepPlan, step: int) -> int:
-        """A batch's decode steps repeat until its next request finishes; memory is reserved up front."""
-        if not self._prefilled:
-            return 1
-        return min(r.output_tokens - r.num_generated for r in self.running)
-
-    def plan_survives_arrivals(self) -> bool:
-        return True  # a running batch's membership is frozen
-
-    def kv_blocks_during(self, i: int) -> int:
-        return self.kv.device.num_used  # reserved for the whole batch at its start
-
-    def kv_blocks_sum(self, n: int) -> int:
-        return n * self.kv.device.num_used
-
-    def finish_steps(self, plan: StepPlan, n: int, end_s: float, step: int) -> StepOutcome:
-        if n == 1:
-            return self.finish_step(plan, end_s, step)
-        outcome = StepOutcome([], n * plan.decode_seqs, [])
-        for req in self.running:
-            req.num_computed_tokens += n
-            req.num_generated += n
-            req.last_token_s = end_s
-            req.last_token_step = step + n - 1
-        return self._settle(end_s, outcome)
-
     # ---------------------------------------------------------------- execution
     def finish_step(self, plan: StepPlan, end_s: float, step: int) -> StepOutcome:
         outcome = StepOutcome([], 0, [])
