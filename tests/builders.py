@@ -13,6 +13,7 @@ from typing import Any
 
 from simbatch.config import Scenario
 from simbatch.config.loading import apply_overrides, scenario_from_dict
+from simbatch.engine.accel.lockstep import LockstepRequest
 from simbatch.engine.replica import scheduler_for
 from simbatch.model.request import Request
 from simbatch.schedulers import BaseScheduler, StepOutcome, StepPlan
@@ -62,8 +63,10 @@ def at_once(n: int, prompt: int | dict, output: int | dict, **overrides):
 
 def req(request_id: int, prompt: int, output: int, arrival_s: float = 0.0, *, tenant: int = 0,
         priority: int = 0) -> Request:
-    """A fresh request, as the engine builds one at arrival."""
-    return Request(request_id, arrival_s, prompt, output, tenant=tenant, priority=priority)
+    """A fresh request, as the engine builds one at arrival: of the accelerated twin's class, which can
+    join a lockstep group and is a plain :class:`Request` otherwise, so one hand-built case steps either
+    engine's scheduler."""
+    return LockstepRequest(request_id, arrival_s, prompt, output, tenant=tenant, priority=priority)
 
 
 def tokens(plan: StepPlan) -> dict[int, int]:

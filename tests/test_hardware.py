@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from pathlib import Path
 
 import numpy as np
@@ -281,11 +280,9 @@ def test_calibration_on_the_shared_measurements(tmp_path):
 
 
 # --------------------------------------------------------------------------- the fit report
-def test_the_fit_report_is_up_to_date_and_fast():
+def test_the_fit_report_is_up_to_date():
     gen = _script("gen_hardware_fit")
-    start = time.perf_counter()
     page = gen.render()
-    assert time.perf_counter() - start < 5
     committed = (ROOT / "docs" / "hardware_fit.md").read_text(encoding="utf-8")
     assert committed == page, "docs/hardware_fit.md is stale: run .venv/bin/python scripts/gen_hardware_fit.py"
 

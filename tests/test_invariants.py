@@ -242,14 +242,14 @@ def _corruptions(fast_forward: bool) -> list:
             s._group_context += 1
 
         def group_holds_an_extra_block(s, running, waiting):
-            s._group_block_ids += s.kv.device.allocate(1)
+            s.kv.bulk += s.kv.device.allocate(1)
 
         def waiting_in_the_group(s, running, waiting):
-            waiting.lockstep = s  # its blocks would be held by the group
+            waiting.lockstep = s  # its counters would read through the group
 
         cases += [(group_context, "lockstep group context drifted"),
                   (group_holds_an_extra_block, "block counts disagree with the blocks held"),
-                  (waiting_in_the_group, "waiting request holds blocks")]
+                  (waiting_in_the_group, "a waiting request reads its counters through a group")]
     else:
         def prefilling(s, running, waiting):
             s._prefilling[running[0]] = None

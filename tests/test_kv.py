@@ -115,13 +115,27 @@ def test_swap_refuses_without_change_when_the_other_pool_is_short():
     assert (r.blocks, r.swapped_blocks, kv.device.num_free, kv.host.num_free) == (0, 3, 2, 1)
 
 
-def test_allocate_together_is_all_or_nothing_and_returns_the_groups_share():
+def test_allocate_together_is_all_or_nothing_and_takes_the_bulk_share_first():
     kv = KVCacheManager(KVCache(block_size=4, num_blocks=5))
     a, b = request(0), request(1)
-    assert kv.allocate_together([(a, 5), (b, 4)], group_blocks=2) == [0, 1]
-    assert (a.block_ids, b.block_ids, kv.device.num_free) == ([2, 3], [4], 0)
+    assert kv.allocate_together([(a, 5), (b, 4)], bulk_blocks=2)
+    assert (kv.bulk, a.block_ids, b.block_ids, kv.device.num_free) == ([0, 1], [2, 3], [4], 0)
     c = request(2)
-    assert kv.allocate_together([(c, 1)]) is None and c.block_ids == ()
+    assert not kv.allocate_together([(c, 1)]) and c.block_ids == ()
+
+
+def test_blocks_taken_in_bulk_are_held_by_the_manager_until_assigned():
+    kv = KVCacheManager(KVCache(block_size=4, num_blocks=4))
+    a, b = request(0), request(1)
+    assert kv.take_bulk(3) and not kv.take_bulk(2) and kv.bulk == [0, 1, 2]
+    assert kv.device.num_free == 1
+    kv.assign_bulk(a, 2)
+    kv.assign_bulk(b, 1)
+    assert (a.block_ids, b.block_ids, kv.bulk) == ([1, 2], [0], [])
+    kv.check_conservation([a, b], [])
+    kv.bulk.append(3)  # taken in bulk for no member: no request counts it
+    with pytest.raises(AssertionError, match="block counts disagree with the blocks held"):
+        kv.check_conservation([a, b], [])
 
 
 def test_reserve_batch_shares_one_reservation_among_the_slots():

@@ -77,7 +77,7 @@ def test_the_accelerated_scheduler_declines_speculating_decodes():
     d.add(*rs)
     while d.sched.running or d.sched.num_waiting:
         plan = d.plan()
-        assert not plan.group and d.sched.repeatable_steps(plan, d.step) == 1
+        assert not d.sched._group and d.sched.repeatable_steps(plan, d.step) == 1
         d.finish(plan)
     assert sum(r.num_accepted_tokens for r in rs) > 0
 

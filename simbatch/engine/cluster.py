@@ -26,7 +26,6 @@ from simbatch.engine.replica import Replica
 from simbatch.engine.router import Load, make_router
 from simbatch.memory.kv import blocks_for, peak_kv_tokens
 from simbatch.model.clock import NS_PER_S, Urgent, to_ns
-from simbatch.model.request import Request
 from simbatch.observe.observers import Observer
 from simbatch.observe.recorder import Recorder
 from simbatch.workload import WorkloadArrays
@@ -232,7 +231,7 @@ class Engine:
             for o in self.observers:
                 o.rejection(now_s, i, reason)
             return
-        req = Request(i, now_s, prompt, output, tenant, priority)
+        req = replica.scheduler.request_class(i, now_s, prompt, output, tenant, priority)
         if stream != OWN_STREAM or shared:
             req.prefix_stream, req.shared_prefix_tokens = stream, shared
         replica.submit(req, now_s)

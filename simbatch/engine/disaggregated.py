@@ -102,7 +102,7 @@ class Dispatcher:
             self._sent[i] = sent
             target = replicas[self.router.route(i, self.decode)]
             rec.decode_replica[i] = target.index
-            target.scheduler.add(_decode_side(sent, now_s), now_s)
+            target.scheduler.add(_decode_side(sent, now_s, target.scheduler.request_class), now_s)
             rec.waiting_change(now_s, 1)
             target._poke()
         if self.check:
@@ -122,10 +122,11 @@ class Dispatcher:
                 f"request {i}'s prefill blocks were freed before its transfer ended"
 
 
-def _decode_side(sent: Request, first_token_s: float) -> Request:
-    """The decode replica's request for ``sent``, whose first token came at ``first_token_s``: its
-    prompt computed (remotely), one token generated, and the prefill side's history carried over."""
-    req = Request(sent.request_id, sent.arrival_s, sent.prompt_tokens, sent.output_tokens, sent.tenant,
+def _decode_side(sent: Request, first_token_s: float, cls: type[Request] = Request) -> Request:
+    """The decode replica's request for ``sent`` (a ``cls``, as that replica's scheduler builds them),
+    whose first token came at ``first_token_s``: its prompt computed (remotely), one token generated,
+    and the prefill side's history carried over."""
+    req = cls(sent.request_id, sent.arrival_s, sent.prompt_tokens, sent.output_tokens, sent.tenant,
                   sent.priority, replica=sent.replica, prefill_pending=False, remote_kv=True,
                   num_cached_tokens=sent.num_cached_tokens, num_preemptions=sent.num_preemptions,
                   first_scheduled_s=sent.first_scheduled_s, first_token_s=first_token_s, waiting_s=sent.waiting_s)

@@ -10,8 +10,8 @@ reused as late as possible).
 :class:`KVCacheManager` is the only writer of both pools and of every request's blocks: schedulers
 ask it to allocate slots, release, swap or reserve, and allocation answers with the new blocks or
 None, never raising: running out of memory is a scheduling decision (preempt, or wait), not an
-error. (A lockstep scheduler holds the newest blocks of its decoding requests in bulk, on their
-behalf, and hands each member its own when it leaves the group; see
+error. (Blocks may be taken in bulk and assigned later, for a lockstep group whose members cross
+block boundaries every step; the manager holds them meanwhile: see
 :mod:`simbatch.engine.accel.lockstep`.)
 
 Invariant, checked by :meth:`KVCacheManager.check_conservation` at every step of the tests: every
@@ -103,7 +103,7 @@ class BlockPool:
 class KVCacheManager:
     """Device and host pools plus the per-request bookkeeping of who holds which blocks."""
 
-    __slots__ = ("block_size", "device", "host", "caching", "_num_checks")
+    __slots__ = ("block_size", "device", "host", "caching", "bulk", "_num_checks")
 
     def __init__(self, cfg: KVCache):
         self.block_size = cfg.block_size
@@ -115,6 +115,7 @@ class KVCacheManager:
         else:
             self.device = BlockPool(cfg.num_blocks)
         self.host = BlockPool(cfg.swap_blocks)
+        self.bulk: list[int] = []  # blocks taken in bulk, not yet assigned to a request (take_bulk)
         self._num_checks = 0
 
     def blocks_for(self, tokens: int) -> int:
@@ -198,28 +199,36 @@ class KVCacheManager:
         req.block_ids, req.host_block_ids = ids, ()
         return True
 
-    def allocate_together(self, wants: list[tuple[Request, int]], group_blocks: int = 0) -> list[int] | None:
-        """All or nothing: room for each ``(request, num_new_tokens)``, plus ``group_blocks`` for a
-        lockstep group, when the free blocks cover them all; the group's blocks, or None (and no
-        change) otherwise."""
+    def allocate_together(self, wants: list[tuple[Request, int]], bulk_blocks: int = 0) -> bool:
+        """All or nothing: room for each ``(request, num_new_tokens)``, plus ``bulk_blocks`` taken in
+        bulk (:meth:`take_bulk`), when the free blocks cover them all; False (and no change) otherwise."""
         extra = [self.num_blocks_to_allocate(req, n) for req, n in wants]
-        ids = self.device.allocate(group_blocks + sum(extra))
+        ids = self.device.allocate(bulk_blocks + sum(extra))
         if ids is None:
-            return None
-        at = group_blocks
+            return False
+        at = bulk_blocks
         for (req, _), e in zip(wants, extra, strict=True):
             if e:
                 _give(req, ids[at:at + e])
                 at += e
-        return ids[:group_blocks]
+        self.bulk += ids[:bulk_blocks]
+        return True
 
-    def allocate_group(self, n: int) -> list[int] | None:
-        """``n`` blocks for a lockstep group's members, which the group holds for them."""
-        return self.device.allocate(n)
+    def take_bulk(self, n: int) -> bool:
+        """``n`` blocks taken for requests that will be told later which are theirs (:meth:`assign_bulk`):
+        a lockstep group's members crossing block boundaries, counted, not listed, step by step. The
+        manager holds them meanwhile; False (and no change) if too few are free."""
+        ids = self.device.allocate(n)
+        if ids is None:
+            return False
+        self.bulk += ids
+        return True
 
-    def hand_over(self, req: Request, ids: list[int]) -> None:
-        """Blocks a lockstep group held on ``req``'s behalf become its own (it leaves the group)."""
-        _give(req, ids)
+    def assign_bulk(self, req: Request, n: int) -> None:
+        """The last ``n`` blocks taken in bulk become ``req``'s own."""
+        bulk = self.bulk
+        _give(req, bulk[-n:])
+        del bulk[-n:]
 
     def reserve_batch(self, batch: list[Request], blocks: int) -> bool:
         """A request-level batch's memory, reserved whole at its start and shared among its slots as
@@ -238,18 +247,18 @@ class KVCacheManager:
         """Free every block a batch's slots hold; returns how many."""
         return sum(self.release(req) for req in batch)
 
-    def check_conservation(self, device_holders: Iterable[Request], host_holders: Iterable[Request],
-                           held_for_members: Sequence[int] = ()) -> None:
+    def check_conservation(self, device_holders: Iterable[Request], host_holders: Iterable[Request]) -> None:
         """AssertionError unless every block is free or held, once: device and host pools alike.
 
-        ``held_for_members``: blocks a lockstep group holds on its members' behalf. A request's
-        count (``blocks``) must agree with the blocks held for it. Counts are checked every time;
+        The blocks taken in bulk are held too, and a request's count (``blocks``) must agree with the
+        blocks held for it (a lockstep member's includes those taken in bulk for it). Counts are checked every time;
         identities (no block held twice, none both held and free) cost O(num_blocks), so a pool
         of more than ``FULL_CHECK_BLOCKS`` has them checked at every ``FULL_CHECK_EVERY``-th call.
         The counts need no list of every block held, only the lengths of the holders' lists
         (tests run this at every step): the ids are gathered only where they are compared.
         """
         device_holders = list(device_holders)  # read twice below
+        held_for_members = self.bulk
         device_lists = list(map(_block_ids, device_holders))
         host_lists = list(map(_host_block_ids, host_holders))
         num_held = sum(map(len, device_lists)) + len(held_for_members)

@@ -53,8 +53,6 @@ class Request:
     replica: int = -1
     status: Status = Status.WAITING
     prefill_pending: bool = True  # computing known tokens before the next sample (prompt, or a recompute)
-    # KV blocks held, by number (written by the KV cache manager only). A lockstep member's newest
-    # blocks are held by its group on its behalf until it leaves (``blocks`` counts them).
     # What its prompt shares with others (simbatch.workload.prefix), for prefix caching.
     prefix_stream: int = -1
     shared_prefix_tokens: int = 0
@@ -69,8 +67,9 @@ class Request:
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
-    # Empty ones are the shared (): a million requests need no million empty lists. A list, or an
-    # int64 array for one that started from a cached prefix (simbatch.memory.kv writes them, nobody else).
+    # KV blocks held, by number (written by the KV cache manager only). Empty ones are the shared ():
+    # a million requests need no million empty lists. A list, or an int64 array for one that started
+    # from a cached prefix.
     block_ids: Sequence[int] = ()
     host_block_ids: Sequence[int] = ()  # on the host, after a swap preemption
     admitted_seq: int = -1  # order of the latest admission into RUNNING; the newest is the LIFO victim
@@ -80,80 +79,21 @@ class Request:
     finish_s: float = math.nan
     waiting_since_s: float = math.nan
     waiting_s: float = 0.0  # total time spent in WAITING, across preemptions
-    # The counters below change every step a request decodes. A lockstep scheduler advances its
-    # decoding requests together with one clock instead of one by one (schedulers/lockstep.py); while a
-    # request is in its group (``lockstep``), the stored values are those of the step it joined, and
-    # the properties add the steps since, so that a Request always reads true.
-    _computed: int = 0
-    _generated: int = 0
-    _last_token_s: float = math.nan
-    _last_token_step: int = -2
-    lockstep: Any = None  # the LockstepScheduler advancing this request, if any
-
-    @property
-    def num_computed_tokens(self) -> int:
-        """Tokens materialized in the KV cache."""
-        g = self.lockstep
-        return self._computed if g is None else self._computed + g.steps_since(self)
-
-    @num_computed_tokens.setter
-    def num_computed_tokens(self, value: int) -> None:
-        assert self.lockstep is None, "a lockstep member's counters belong to its scheduler"
-        self._computed = value
-
-    @property
-    def num_generated(self) -> int:
-        """Output tokens sampled so far."""
-        g = self.lockstep
-        return self._generated if g is None else self._generated + g.steps_since(self)
-
-    @num_generated.setter
-    def num_generated(self, value: int) -> None:
-        assert self.lockstep is None, "a lockstep member's counters belong to its scheduler"
-        self._generated = value
+    # Token accounting (module docstring), and when the last token was sampled (ITL bookkeeping).
+    num_computed_tokens: int = 0  # tokens materialized in the KV cache
+    num_generated: int = 0  # output tokens sampled so far
+    last_token_s: float = math.nan
+    last_token_step: int = -2  # the engine step that sampled the last token
 
     @property
     def blocks(self) -> int:
         """Device KV blocks held."""
-        g = self.lockstep
-        return len(self.block_ids) if g is None else g.member_blocks(self)
+        return len(self.block_ids)
 
     @property
     def swapped_blocks(self) -> int:
         """Host KV blocks held (swap preemption)."""
         return len(self.host_block_ids)
-
-    @property
-    def last_token_s(self) -> float:
-        """When the last token was sampled."""
-        g = self.lockstep
-        return self._last_token_s if g is None or not g.steps_since(self) else g.last_end_s
-
-    @last_token_s.setter
-    def last_token_s(self, value: float) -> None:
-        assert self.lockstep is None, "a lockstep member's counters belong to its scheduler"
-        self._last_token_s = value
-
-    @property
-    def last_token_step(self) -> int:
-        """Engine step that sampled the last token (ITL bookkeeping)."""
-        g = self.lockstep
-        return self._last_token_step if g is None or not g.steps_since(self) else g.clock - 1
-
-    @last_token_step.setter
-    def last_token_step(self, value: int) -> None:
-        assert self.lockstep is None, "a lockstep member's counters belong to its scheduler"
-        self._last_token_step = value
-
-    def leave_lockstep(self, steps: int, last_token_s: float, last_token_step: int) -> None:
-        """Out of its lockstep group after ``steps`` steps in it, the last ending at ``last_token_s``
-        (step ``last_token_step``): its counters stored as they read."""
-        self.lockstep = None
-        if steps:
-            self._computed += steps
-            self._generated += steps
-            self._last_token_s = last_token_s
-            self._last_token_step = last_token_step
 
     @property
     def remaining_tokens(self) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -28,13 +29,13 @@ from simbatch.schedulers.policies import WaitingQueue
 class StepPlan:
     """One engine step: who computes how many tokens, and what it costs.
 
-    Each request's slice of the step is either listed in ``slices`` as (request, tokens), or, for
-    the decodes that advance in lockstep (see :mod:`simbatch.schedulers.continuous`), implied by
-    membership of ``group``: one token each.
+    ``decodes`` are the requests that compute one decode token each; ``slices`` the others, as
+    (request, tokens): prefill chunks, a speculative decode's token and its drafts, a request-level
+    batch's rows.
     """
 
     slices: list[tuple[Request, int]] | tuple = ()
-    group: tuple[Request, ...] = ()
+    decodes: Sequence[Request] = ()
     decode_seqs: int = 0  # sequences computing their one decode token (costed at beta)
     prefill_tokens: int = 0  # prompt / recompute tokens (costed at gamma)
     padded_decode_seqs: int = 0  # idle slots still computed (static batching)
@@ -56,12 +57,12 @@ class StepPlan:
 
     @property
     def scheduled(self) -> list[tuple[Request, int]]:
-        """Every (request, tokens) of the step, lockstep decodes first."""
-        return [*((r, 1) for r in self.group), *self.slices]
+        """Every (request, tokens) of the step, one-token decodes first."""
+        return [*((r, 1) for r in self.decodes), *self.slices]
 
     @property
     def batch_size(self) -> int:
-        return len(self.group) + len(self.slices)
+        return len(self.decodes) + len(self.slices)
 
     @property
     def padded_tokens(self) -> int:
@@ -100,6 +101,8 @@ class StepOutcome:
 
 class BaseScheduler(ABC):
     """Pools and bookkeeping common to all modes; subclasses decide what a step holds."""
+
+    request_class: type[Request] = Request  # what the engine builds for each arrival here
 
     def __init__(self, scenario: Scenario, kv: KVCacheManager, waiting: WaitingQueue):
         self.scenario = scenario
@@ -180,10 +183,6 @@ class BaseScheduler(ABC):
     def _block_holders(self) -> list[Request]:
         return self.running
 
-    def _blocks_held_for_members(self) -> list[int]:
-        """Blocks held in bulk on some requests' behalf (a lockstep group's): none here."""
-        return []
-
     def check_invariants(self) -> None:
         """Raise AssertionError if the pools or the block accounting are inconsistent.
 
@@ -193,13 +192,12 @@ class BaseScheduler(ABC):
         ids = set(map(_request_id, waiting))
         ids.update(map(_request_id, running))
         assert len(ids) == len(waiting) + len(running), "a request is in two pools"
-        # No device blocks: none listed and none held for it by a lockstep group (it is in none).
-        assert set(map(_status, waiting)) <= {WAITING} and not any(map(len, map(_block_ids, waiting))) \
-            and not any(map(_lockstep, waiting)), "waiting request holds blocks"
+        assert set(map(_status, waiting)) <= {WAITING} and not any(map(len, map(_block_ids, waiting))), \
+            "waiting request holds blocks"
         assert set(map(_status, running)) <= {RUNNING}, "running pool holds a non-running request"
-        self.kv.check_conservation(self._block_holders(), waiting, self._blocks_held_for_members())
+        self.kv.check_conservation(self._block_holders(), waiting)
         assert len(self.running) <= self.scenario.batching.max_num_seqs, "more running than max_num_seqs"
 
 
 _request_id, _status = attrgetter("request_id"), attrgetter("status")
-_block_ids, _lockstep = attrgetter("block_ids"), attrgetter("lockstep")
+_block_ids = attrgetter("block_ids")

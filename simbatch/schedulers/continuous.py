@@ -45,6 +45,8 @@ is its accelerated twin, which must plan the very same steps.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from simbatch.config import Scenario
 from simbatch.features.speculative import AcceptanceStream
 from simbatch.memory.kv import KVCacheManager, blocks_for
@@ -179,31 +181,43 @@ class ContinuousScheduler(BaseScheduler):
         if admit and not plan.num_preempted:
             self._admit_waiting(now, plan)
 
-        sched = self._sched
-        grouped = self._plan_group(plan)
-        if not sched and not grouped:
+        if not self._assemble(plan):
             if not running:
                 return IDLE  # nothing admissible; the arrival checks make this unreachable with an idle engine
             # Every running request stalled on memory with every victim protected by max_preemptions:
             # the cap yields to progress, or the engine would wait forever.
             self._preempt(max(running, key=self._victim_key), now, plan)
             return self._replan(now, plan)
-        if sched:
-            plan.slices = list(sched.items())
-            for req, n in plan.slices:
-                k = req.num_computed_tokens  # the cached context this slice reads
-                plan.kv_tokens += k
-                if req.prefill_pending:
-                    plan.prefill_tokens += n
-                    plan.attention_pairs_x2 += n * (2 * k + n)
-                else:
-                    plan.decode_seqs += 1
-                    if n > 1:  # verifying n - 1 drafts
-                        plan.draft_tokens += n - 1
-                        plan.draft_steps = max(plan.draft_steps, n - 1)
-                        plan.spec_seqs += 1
-                        plan.spec_kv_tokens += k
         return plan
+
+    def _assemble(self, plan: StepPlan) -> bool:
+        """Put what the rules scheduled into ``plan``, with the work it costs; False if nothing was.
+
+        One-token decodes go in ``plan.decodes``, in scheduling order; prefill chunks and speculative
+        decodes (a token and its drafts) in ``plan.slices``.
+        """
+        sched = self._sched
+        if not sched:
+            return False
+        decodes, slices = [], []
+        for req, n in sched.items():
+            k = req.num_computed_tokens  # the cached context this slice reads
+            plan.kv_tokens += k
+            if req.prefill_pending:
+                slices.append((req, n))
+                plan.prefill_tokens += n
+                plan.attention_pairs_x2 += n * (2 * k + n)
+            elif n == 1:
+                decodes.append(req)
+            else:  # verifying n - 1 drafts
+                slices.append((req, n))
+                plan.draft_tokens += n - 1
+                plan.draft_steps = max(plan.draft_steps, n - 1)
+                plan.spec_seqs += 1
+                plan.spec_kv_tokens += k
+        plan.decodes, plan.slices = decodes, slices
+        plan.decode_seqs = len(decodes) + plan.spec_seqs
+        return True
 
     def _schedule_decodes(self, now: float, plan: StepPlan) -> None:
         """Rule 1: each decoding request, in running order, its token and the block it may need.
@@ -221,10 +235,6 @@ class ContinuousScheduler(BaseScheduler):
             self._take(req, n)
             if not self._reserve(req, n, now, plan):
                 self._budget += self._sched.pop(req)  # stalls, keeping its blocks
-
-    def _plan_group(self, plan: StepPlan) -> bool:
-        """Put decodes planned outside ``_sched`` (the lockstep group's) into ``plan``; here, none are."""
-        return False
 
     def _replan(self, now: float, carried: StepPlan) -> StepPlan | Idle:
         """Plan again after a forced preemption. The step preempted, so it admits nobody (its victim
@@ -278,7 +288,6 @@ class ContinuousScheduler(BaseScheduler):
 
     def _preempt(self, victim: Request, now: float, plan: StepPlan) -> None:
         """RUNNING -> WAITING, with its KV swapped to the host if possible, else dropped for recompute."""
-        self._unplan(victim)
         self.running.remove(victim)
         self._prefilling.pop(victim, None)
         if victim in self._sched:
@@ -296,9 +305,6 @@ class ContinuousScheduler(BaseScheduler):
         victim.status = WAITING
         victim.waiting_since_s = now
         self.waiting.push(victim)
-
-    def _unplan(self, victim: Request) -> None:
-        """Forget whatever bookkeeping outside ``_sched`` a request about to be preempted has (none here)."""
 
     def _admit_waiting(self, now: float, plan: StepPlan) -> None:
         """Rule 3: admit waiting requests in policy order while they fit.
@@ -425,16 +431,23 @@ class ContinuousScheduler(BaseScheduler):
     # ---------------------------------------------------------------- execution
     def finish_step(self, plan: StepPlan, end_s: float, step: int) -> StepOutcome:
         outcome = StepOutcome([], 0, [])
+        self._apply_decodes(plan.decodes, end_s, step, outcome)
         self._apply_slices(plan, end_s, step, outcome)
         self._drop_finished(outcome.finished)
         return outcome
 
+    def _apply_decodes(self, decodes: Sequence[Request], end_s: float, step: int, outcome: StepOutcome) -> None:
+        """Each one-token decode computes its token and samples the next."""
+        for req in decodes:
+            req.num_computed_tokens += 1
+            self._sampled(req, 1, end_s, step, outcome)
+
     def _apply_slices(self, plan: StepPlan, end_s: float, step: int, outcome: StepOutcome) -> None:
-        """Each scheduled request computes its tokens; one that caught up samples a token."""
+        """Each prefill chunk and speculative decode computes its tokens; one that caught up samples."""
         publish = self.kv.publish if self.kv.caching else None
         for req, n in plan.slices:
             emitted = 1
-            if n > 1 and not req.prefill_pending:  # a decode verifying n - 1 drafts
+            if not req.prefill_pending:  # a decode verifying n - 1 drafts
                 emitted = n = 1 + self._accepted(req, n - 1)  # the rejected drafts' slots roll back
             req.num_computed_tokens += n
             if publish is not None and req.prefill_pending:
@@ -444,14 +457,16 @@ class ContinuousScheduler(BaseScheduler):
             if req.prefill_pending:
                 req.prefill_pending = False
                 del self._prefilling[req]
-            self._emit_token(req, end_s, step, outcome, emitted)
-            if self.hands_off and req.num_generated < req.output_tokens:
-                self._send(req)  # decoded elsewhere; a one-token output finishes here
-            elif req.num_generated >= req.output_tokens:
-                self._retire(req, end_s)
-                outcome.finished.append(req)
-            else:
-                self._decoding(req)
+            self._sampled(req, emitted, end_s, step, outcome)
+
+    def _sampled(self, req: Request, emitted: int, end_s: float, step: int, outcome: StepOutcome) -> None:
+        """``req`` caught up and sampled ``emitted`` tokens: it is done, handed off, or decodes on (rule 4)."""
+        self._emit_token(req, end_s, step, outcome, emitted)
+        if self.hands_off and req.num_generated < req.output_tokens:
+            self._send(req)  # decoded elsewhere; a one-token output finishes here
+        elif req.num_generated >= req.output_tokens:
+            self._retire(req, end_s)
+            outcome.finished.append(req)
 
     def _accepted(self, req: Request, drafts: int) -> int:
         """Of ``drafts`` drafts verified, how many ``req`` accepts, from its own stream; counted."""
@@ -462,9 +477,6 @@ class ContinuousScheduler(BaseScheduler):
         req.num_draft_tokens += drafts
         req.num_accepted_tokens += accepted
         return accepted
-
-    def _decoding(self, req: Request) -> None:
-        """``req`` sampled a token and goes on decoding (a hook for the lockstep scheduler)."""
 
     def _drop_finished(self, finished: list[Request]) -> None:
         """Take the step's finished requests out of the running set and release them (with async

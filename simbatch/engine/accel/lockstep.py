@@ -6,9 +6,10 @@ a step rather than the batch size.
 
 Lockstep decodes. Between events, every decoding request computes one token and samples one per
 step, so the scheduler does not touch them one by one: they form a *group* that advances with a
-clock. A member's counters are not touched as it advances: the :class:`~simbatch.model.request.Request`
-reads them through the clock (stored values plus the steps since it joined), so they are always true
-and cost nothing per step. The blocks the group needs each step follow from each member's position
+clock. A member's counters are not touched as it advances: a :class:`LockstepRequest` reads them
+through the clock (stored values plus the steps since it joined), so they are always true and cost
+nothing per step. A decoding request joins the group at the first plan after a step in which it
+sampled a token, and leaves it when something unusual happens to it. The blocks the group needs each step follow from each member's position
 within its block, counted per residue of the clock (``_phase``, stored twice over so that any ``block_size``
 consecutive steps are one slice of it); the next completion is the top of a heap. A step then costs
 the requests that change in it, not the batch size, and a run of identical steps costs O(block_size).
@@ -21,6 +22,10 @@ the next block cannot be had (``repeatable_steps``); the engine takes such a run
 Speculative decoding declines both: a speculating decode emits a random number of tokens each step,
 so no two steps are alike. Its requests never join the group, every step is planned by the model's
 rules one request at a time, and ``repeatable_steps`` is 1 (a plan without a group).
+
+The twin overrides the model's own steps (rule 1, putting the plan together, preemption, applying a
+step), never hooks the model keeps for it; the blocks its members take in bulk are the KV manager's
+(:meth:`~simbatch.memory.kv.KVCacheManager.take_bulk`) until each member leaves with its own.
 """
 
 from __future__ import annotations
@@ -36,7 +41,76 @@ from simbatch.schedulers.continuous import ContinuousScheduler
 from simbatch.schedulers.policies import WaitingQueue
 
 
+class LockstepRequest(Request):
+    """A request of the accelerated engine: while it is in a lockstep group (``lockstep``), its stored
+    counters are those of the step it joined, and reading them adds the steps since, so that it always
+    reads true (the module docstring)."""
+
+    __slots__ = ("_computed", "_generated", "_last_token_s", "_last_token_step", "lockstep")
+
+    def __init__(self, *args, **kwargs):
+        self.lockstep: LockstepScheduler | None = None
+        Request.__init__(self, *args, **kwargs)
+
+    @property
+    def num_computed_tokens(self) -> int:
+        g = self.lockstep
+        return self._computed if g is None else self._computed + g.steps_since(self)
+
+    @num_computed_tokens.setter
+    def num_computed_tokens(self, value: int) -> None:
+        assert self.lockstep is None, "a lockstep member's counters belong to its scheduler"
+        self._computed = value
+
+    @property
+    def num_generated(self) -> int:
+        g = self.lockstep
+        return self._generated if g is None else self._generated + g.steps_since(self)
+
+    @num_generated.setter
+    def num_generated(self, value: int) -> None:
+        assert self.lockstep is None, "a lockstep member's counters belong to its scheduler"
+        self._generated = value
+
+    @property
+    def blocks(self) -> int:
+        g = self.lockstep
+        return len(self.block_ids) if g is None else g.member_blocks(self)
+
+    @property
+    def last_token_s(self) -> float:
+        g = self.lockstep
+        return self._last_token_s if g is None or not g.steps_since(self) else g.last_end_s
+
+    @last_token_s.setter
+    def last_token_s(self, value: float) -> None:
+        assert self.lockstep is None, "a lockstep member's counters belong to its scheduler"
+        self._last_token_s = value
+
+    @property
+    def last_token_step(self) -> int:
+        g = self.lockstep
+        return self._last_token_step if g is None or not g.steps_since(self) else g.clock - 1
+
+    @last_token_step.setter
+    def last_token_step(self, value: int) -> None:
+        assert self.lockstep is None, "a lockstep member's counters belong to its scheduler"
+        self._last_token_step = value
+
+    def leave_lockstep(self, steps: int, last_token_s: float, last_token_step: int) -> None:
+        """Out of its lockstep group after ``steps`` steps in it, the last ending at ``last_token_s``
+        (step ``last_token_step``): its counters stored as they read."""
+        self.lockstep = None
+        if steps:
+            self._computed += steps
+            self._generated += steps
+            self._last_token_s = last_token_s
+            self._last_token_step = last_token_step
+
+
 class LockstepScheduler(ContinuousScheduler):
+    request_class = LockstepRequest
+
     def __init__(self, scenario: Scenario, kv: KVCacheManager, waiting: WaitingQueue):
         super().__init__(scenario, kv, waiting)
         self._fifo = scenario.scheduler.policy == "fcfs"
@@ -47,8 +121,7 @@ class LockstepScheduler(ContinuousScheduler):
         # clock t is this plus len(group) * t, since each member computes one token a step.
         self._group_context = 0
         self._group_reserved = False  # the group holds its blocks for the step being planned
-        # The members' blocks taken in bulk, held for them until each leaves with its own share.
-        self._group_block_ids: list[int] = []
+        self._members_planned = 0  # members in the plan made last (the first of its decodes)
         self.clock = 0  # steps executed: the number of the next step
         self.last_end_s = 0.0
         # Members needing a new block in step t: _phase[t % block_size], which _phase[t % block_size
@@ -70,28 +143,44 @@ class LockstepScheduler(ContinuousScheduler):
         return plan
 
     def _schedule_decodes(self, now: float, plan: StepPlan) -> None:
-        if self.num_spec:  # speculating decodes never join the group (_decoding): the model's rules, as written
+        if self.num_spec:  # speculating decodes never join the group: the model's rules, as written
             super()._schedule_decodes(now, plan)
             return
         group, running = self._group, self.running
         lone = [r for r in running if not r.prefill_pending and r not in group] \
             if len(running) > len(group) + len(self._prefilling) else []
+        if lone:
+            # Those that sampled a token in the last step decode in lockstep from here on; the others
+            # (a first decode after a stall) go one step alone, their token's gap recorded as a pause.
+            last = self.clock - 1
+            for req in lone:
+                if req.last_token_step == last:
+                    self._join(req)
+            if group:
+                lone = [r for r in lone if r.lockstep is None]
         if not self._reserve_decodes(lone):
             self._reserve_decodes_one_by_one(lone, now, plan)
 
-    def _plan_group(self, plan: StepPlan) -> bool:
-        if self._group_reserved and self._group:
-            plan.group = tuple(self._group)
-            plan.decode_seqs = len(self._group)
-            plan.kv_tokens = self._group_context + len(self._group) * self.clock
-            return True
-        return False
+    def _assemble(self, plan: StepPlan) -> bool:
+        """The model's plan of the requests scheduled one by one, with the group's members first."""
+        scheduled = super()._assemble(plan)
+        group = self._group
+        if not (self._group_reserved and group):
+            self._members_planned = 0
+            return scheduled
+        members = tuple(group)
+        plan.decodes = (*members, *plan.decodes) if scheduled else members
+        plan.decode_seqs += len(members)
+        plan.kv_tokens += self._group_context + len(members) * self.clock
+        self._members_planned = len(members)
+        return True
 
-    def _unplan(self, victim: Request) -> None:
+    def _preempt(self, victim: Request, now: float, plan: StepPlan) -> None:
         if victim in self._group:
             self._leave(victim)
             if self._group_reserved:
                 self._budget += 1
+        super()._preempt(victim, now, plan)
 
     def _reserve_decodes(self, lone: list[Request]) -> bool:
         """Every decode's next block at once, if free blocks cover them all (the common case).
@@ -107,10 +196,8 @@ class LockstepScheduler(ContinuousScheduler):
             self._group_reserved = self._granted_all = True
             self._budget -= len(self._group)
             return True
-        ids = self.kv.allocate_together([(r, 1) for r in lone], self._phase[self.clock % bs])
-        if ids is None:
+        if not self.kv.allocate_together([(r, 1) for r in lone], self._phase[self.clock % bs]):
             return False
-        self._group_block_ids += ids
         for req in lone:
             self._sched[req] = 1
         self._group_reserved, self._granted_all = bool(self._group), True
@@ -148,8 +235,8 @@ class LockstepScheduler(ContinuousScheduler):
                 self._granted.add(req)
 
     # ---------------------------------------------------------------- the lockstep group
-    def _join(self, req: Request) -> None:
-        """``req`` just sampled a token and goes on decoding: from now on it advances with the clock."""
+    def _join(self, req: LockstepRequest) -> None:
+        """``req`` sampled a token in the last step and goes on decoding: from now on it advances with the clock."""
         bs = self.kv.block_size
         p = (self.clock - req.num_computed_tokens) % bs
         self._phase[p] += 1
@@ -170,26 +257,15 @@ class LockstepScheduler(ContinuousScheduler):
         self._phase[p + bs] -= 1
         del self._phase_members[p][req]
         planned = self._group_reserved and (self._granted_all or req in self._granted)
-        own = blocks_for(computed + planned, bs) - len(req.block_ids)  # blocks the group took for it
+        own = blocks_for(computed + planned, bs) - len(req.block_ids)  # blocks taken in bulk for it
         if own:
-            held = self._group_block_ids
-            self.kv.hand_over(req, held[-own:])
-            del held[-own:]
+            self.kv.assign_bulk(req, own)
         self._group_context -= computed - clock
         req.leave_lockstep(clock - self._group.pop(req), self.last_end_s, clock - 1)
 
     def _take_for_group(self, n: int) -> bool:
-        """``n`` more blocks for the members, held by the group; False (and no change) if short."""
-        if not n:
-            return True
-        ids = self.kv.allocate_group(n)
-        if ids is None:
-            return False
-        self._group_block_ids += ids
-        return True
-
-    def _blocks_held_for_members(self) -> list[int]:
-        return self._group_block_ids
+        """``n`` more blocks for the members, taken in bulk; False (and no change) if short."""
+        return not n or self.kv.take_bulk(n)
 
     def steps_since(self, req: Request) -> int:
         """Steps a member has advanced since it joined (its stored counters are those of then)."""
@@ -204,6 +280,8 @@ class LockstepScheduler(ContinuousScheduler):
         super().check_invariants()
         group = self._group
         assert group.keys() <= set(self.running) and not any(map(_prefill_pending, group)), "lockstep group drifted"
+        assert not any(getattr(r, "lockstep", None) for r in self.waiting), \
+            "a waiting request reads its counters through a group"
         assert self._group_context + len(group) * self.clock == sum(map(_num_computed_tokens, group)), \
             "lockstep group context drifted"
 
@@ -245,7 +323,8 @@ class LockstepScheduler(ContinuousScheduler):
         budget left is constant, policy keys are static. Only an arrival can change WAITING, and the
         engine cuts the run when one comes.
         """
-        if not plan.group or plan.slices or plan.num_admitted or plan.num_preempted or plan.swap_blocks:
+        if not self._members_planned or len(plan.decodes) > self._members_planned or plan.slices or \
+                plan.num_admitted or plan.num_preempted or plan.swap_blocks:
             return 1
         if self._unseen or self._done_held:
             return 1  # async scheduling: the next plan sees these arrivals, or has these requests' room
@@ -302,20 +381,18 @@ class LockstepScheduler(ContinuousScheduler):
         assert taken, "a run of steps took blocks that were not free"
         self._group_reserved = False
         self.clock, self.last_end_s = step + n, end_s
-        outcome = StepOutcome([], n * len(plan.group), [])
+        outcome = StepOutcome([], n * self._members_planned, [])
         if self._done and self._done[0][0] <= self.clock:
             self._retire_done(end_s, outcome)
         return outcome
-
-    def _decoding(self, req: Request) -> None:
-        if not self.num_spec:
-            self._join(req)
 
     # ---------------------------------------------------------------- execution
     def finish_step(self, plan: StepPlan, end_s: float, step: int) -> StepOutcome:
         self._group_reserved = False
         self.clock, self.last_end_s = step + 1, end_s
-        outcome = StepOutcome([], len(plan.group), [])  # members emitted last step too: regular gaps
+        members = self._members_planned
+        outcome = StepOutcome([], members, [])  # members emitted last step too: regular gaps
+        self._apply_decodes(plan.decodes[members:] if members else plan.decodes, end_s, step, outcome)
         self._apply_slices(plan, end_s, step, outcome)
         if self._done and self._done[0][0] <= self.clock:
             self._retire_done(end_s, outcome)
