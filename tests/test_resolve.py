@@ -161,6 +161,12 @@ def test_simulate_and_the_engine_resolve_what_they_are_given():
     assert Engine(given, generate(given)).scenario == resolve(given)
 
 
+def test_resolve_is_public():
+    import simbatch
+
+    assert simbatch.resolve is resolve and "resolve" in simbatch.__all__
+
+
 def test_the_loader_resolves():
     loaded = load_scenario(ROOT / "scenarios" / "llama3_8b_h100.yaml")
     assert loaded.resolution is not None and isinstance(loaded.kv_cache.num_blocks, int)
