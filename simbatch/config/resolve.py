@@ -213,7 +213,7 @@ def resolve(scenario: Scenario) -> Scenario:
     out = scenario
     for step in STEPS:
         out = step(out, record)
-    prior = scenario.resolution or {}
+    prior = dict(scenario.resolution or {})
     # A value that replaced what it was made from (auto became a number) reads as given now; the
     # record still knows how it was made.
     record = {key: prior[key] if p.source == "explicit" and key in prior and prior[key].decided and
