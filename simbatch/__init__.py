@@ -11,9 +11,10 @@ import importlib
 __version__ = "0.1.0"
 
 _HOME = {"Scenario": "simbatch.config", "ScenarioError": "simbatch.config.loading", "load_scenario": "simbatch.config.loading",
-         "Result": "simbatch.simulation", "simulate": "simbatch.simulation", "Observer": "simbatch.observe.observers"}
+         "Result": "simbatch.simulation", "simulate": "simbatch.simulation", "Observer": "simbatch.observe.observers",
+         "resolve": "simbatch.config.resolve"}
 
-__all__ = ["Observer", "Result", "Scenario", "ScenarioError", "load_scenario", "simulate", "__version__"]
+__all__ = ["Observer", "Result", "Scenario", "ScenarioError", "load_scenario", "resolve", "simulate", "__version__"]
 
 
 def __getattr__(name: str):

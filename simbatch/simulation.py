@@ -10,6 +10,7 @@ import pandas as pd
 from simbatch.analysis.capacity import Stability, expected_stability
 from simbatch.analysis.summary import iterations_frame, requests_frame, summarize
 from simbatch.config import Scenario
+from simbatch.config.resolve import resolve
 from simbatch.engine import Engine
 from simbatch.observe.observers import Observer
 from simbatch.workload import WorkloadArrays, generate
@@ -36,6 +37,10 @@ def simulate(scenario: Scenario, *, check_invariants: bool = False,
              workload: WorkloadArrays | None = None, observers: Sequence[Observer] = ()) -> Result:
     """Run ``scenario`` to the end and collect its frames and summary.
 
+    The scenario is resolved first (:func:`~simbatch.config.resolve.resolve`: presets, ``num_blocks: auto``;
+    a loaded scenario is already, and resolving it again changes nothing); ``Result.scenario`` is the
+    resolved one, the scenario the engine ran.
+
     ``check_invariants`` re-checks pools and block conservation at every step (slow; for tests).
     ``on_progress(sim_time_s, requests_arrived)`` is called now and then, for progress bars.
     ``workload``: the requests, when already drawn from this scenario's workload section (a comparison
@@ -43,6 +48,7 @@ def simulate(scenario: Scenario, *, check_invariants: bool = False,
     ``observers``: :class:`~simbatch.observe.observers.Observer` objects told of every arrival, rejection,
     step (with its membership) and completion as the run goes.
     """
+    scenario = resolve(scenario)
     if workload is None:
         workload = generate(scenario)
     engine = Engine(scenario, workload, check_invariants=check_invariants, on_progress=on_progress,

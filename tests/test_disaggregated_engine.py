@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from simbatch.config import Scenario
+from simbatch.config.resolve import resolve
 from simbatch.simulation import simulate
 
 # tau0 10 ms, beta 1 ms, gamma 0.1 ms/token: a 100-token prefill takes 20 ms, a decode step of one 11 ms.
@@ -119,7 +120,7 @@ def test_pools_route_separately():
 
 def test_the_kv_bytes_come_from_the_preset():
     sc = scenario(device={"preset": "llama-3.1-8b/H100-SXM"}, pools={"kv_bytes_per_token": None})
-    assert sc.kv_bytes_per_token() == 131072  # 2 x 32 layers x 8 KV heads x 128 x 2 bytes
+    assert resolve(sc).cluster.disaggregated.kv_bytes_per_token == 131072  # 2 x 32 layers x 8 KV heads x 128 x 2 bytes
     with pytest.raises(ValidationError, match="kv_bytes_per_token is missing"):
         scenario(pools={"kv_bytes_per_token": None})
 

@@ -19,6 +19,7 @@ from test_cli import invoke, write_scenario
 from test_docs import _script
 
 from simbatch.config import Device, Scenario, replica_scenarios
+from simbatch.config.resolve import resolve, resolve_device
 from simbatch.hardware import measured
 from simbatch.hardware.calibrate import PARAMS, calibrate
 from simbatch.hardware.cards import shipped
@@ -32,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def scenario(**sections) -> Scenario:
-    return Scenario.model_validate({"workload": {"num_requests": 10}, **sections})
+    return resolve(Scenario.model_validate({"workload": {"num_requests": 10}, **sections}))
 
 
 # --------------------------------------------------------------------------- cards and presets
@@ -71,8 +72,8 @@ def test_every_model_on_every_gpu_derives_finite_costs():
     gpus, models = shipped()
     for m in models:
         for g in gpus:
-            costs = Device(preset=f"{m}/{g}").sources()
-            dev = Device(preset=f"{m}/{g}")
+            sc = scenario(device={"preset": f"{m}/{g}"})
+            costs, dev = sc.resolution.sources("device"), sc.device
             assert set(costs.values()) == {"preset"}
             assert all(0 < getattr(dev, k) < math.inf for k in costs), f"{m}/{g}"
 
@@ -93,16 +94,18 @@ def test_presets_shows_one_preset_derived():
     ("llama-3.1-8b/H100-SXM/fp8/fp8", "given twice")])
 def test_bad_presets_say_what_to_write(preset, says):
     with pytest.raises(ValidationError, match=says):
-        Device(preset=preset)
+        resolve_device(Device(preset=preset))
 
 
 def test_explicit_keys_override_the_preset_and_sources_say_so():
-    dev = Device(preset="llama-3.1-8b/H100-SXM", beta_ms=0.5)
+    sc = scenario(device={"preset": "llama-3.1-8b/H100-SXM", "beta_ms": 0.5})
+    dev = sc.device
     derived = parse("llama-3.1-8b/H100-SXM").device_ms(fitted()[0])
     assert dev.beta_ms == 0.5 and dev.tau0_ms == pytest.approx(derived["tau0_ms"], rel=1e-6)
-    assert dev.sources() == {"tau0_ms": "preset", "beta_ms": "explicit", "prefill_ms_per_token": "preset",
-                             "kv_read_ms_per_1k_tokens": "preset", "prefill_attention_ms_per_1m_pairs": "preset"}
-    assert Device().sources()["tau0_ms"] == "default"
+    assert sc.resolution.sources("device") == {
+        "tau0_ms": "preset", "beta_ms": "explicit", "prefill_ms_per_token": "preset",
+        "kv_read_ms_per_1k_tokens": "preset", "prefill_attention_ms_per_1m_pairs": "preset"}
+    assert scenario().resolution.sources("device")["tau0_ms"] == "default"
     # A dumped device (a result folder's resolved config) validates back to the same costs.
     again = Device.model_validate(dev.model_dump())
     assert again.model_dump() == dev.model_dump()
@@ -113,7 +116,7 @@ def test_inline_cards_extend_the_shipped_ones():
            "interconnect_gb_s": 100}
     model = {"name": "tiny", "params_b": 1, "layers": 16, "hidden_size": 2048, "intermediate_size": 8192,
              "q_heads": 16, "kv_heads": 4, "head_dim": 128, "vocab_size": 32000}
-    dev = Device(preset="tiny/my-gpu", gpu_card=gpu, model_card=model)
+    dev = resolve_device(Device(preset="tiny/my-gpu", gpu_card=gpu, model_card=model))
     eff = fitted()[0]
     assert dev.tau0_ms == pytest.approx(2e9 / (1e12 * eff.weights_bandwidth) * 1e3 + eff.step_overhead_ms
                                         + 16 * eff.layer_overhead_us / 1e3, rel=5e-6)  # six digits
@@ -252,7 +255,7 @@ def test_one_bench_file_cannot_separate_three_costs(tmp_path):
     written = yaml.safe_load((tmp_path / "device.yaml").read_text())["device"]
     assert written["preset"] == "llama-3.1-8b/H100-SXM"  # kept, for kv_cache.num_blocks: auto
     assert written["kv_read_ms_per_1k_tokens"] == pytest.approx(
-        Device(preset="llama-3.1-8b/H100-SXM").kv_read_ms_per_1k_tokens, rel=1e-5)
+        resolve_device(Device(preset="llama-3.1-8b/H100-SXM")).kv_read_ms_per_1k_tokens, rel=1e-5)
     assert "held at --preset" in result.stdout
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from simbatch.config import Device, Scenario, replica_scenarios
+from simbatch.config.resolve import resolve
 from simbatch.features import speculative
 from simbatch.model.cost import LinearCost, work_s
 from simbatch.workload import WorkloadArrays
@@ -323,8 +324,10 @@ def expected_stability(scenario: Scenario, workload: WorkloadArrays) -> Stabilit
     no arrival rate; the rate checked is the one they would send at the latency of a full batch W_B:
     concurrency / (W_B + think time). With prefix caching on every replica, the prefill charged is
     what a cache that never evicts would leave (:func:`~simbatch.workload.prefix.expected_cached_tokens`):
-    the check then says whether the traffic is carried when conversations stay cached.
+    the check then says whether the traffic is carried when conversations stay cached. A scenario not
+    resolved yet is resolved first (presets, ``num_blocks: auto``), as :func:`simbatch.simulation.simulate` does.
     """
+    scenario = resolve(scenario)
     duration = float(workload.arrival_s[-1]) if len(workload) else 0.0
     rate = scenario.workload.arrival.rate if scenario.workload.arrival is not None else float("inf")
     if scenario.workload.trace is not None or rate == float("inf"):

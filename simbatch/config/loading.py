@@ -1,4 +1,4 @@
-"""From a YAML file (plus ``--set`` overrides) to a validated :class:`~simbatch.config.Scenario`.
+"""From a YAML file (plus ``--set`` overrides) to a validated, resolved :class:`~simbatch.config.Scenario`.
 
 Errors are collected, never raised one at a time, and each carries the position in the file of
 the value it complains about, so the CLI can print ``file:line:col: dotted.path: message``.
@@ -17,6 +17,7 @@ import yaml
 from pydantic import ValidationError
 
 from simbatch.config import LengthDist, Scenario, suggestion
+from simbatch.config.resolve import resolve
 
 
 @dataclass(frozen=True)
@@ -293,13 +294,16 @@ def _message(err: dict) -> str:
 
 def scenario_from_dict(data: Any, source: str = "<scenario>", marks: dict | None = None,
                        base_dir: Path | None = None) -> Scenario:
-    """Validate a plain mapping into a Scenario, or raise ScenarioError listing every problem."""
+    """Validate a plain mapping into a Scenario and resolve it (:func:`~simbatch.config.resolve.resolve`),
+    or raise ScenarioError listing every problem, located in the file as the validator locates it."""
     if not isinstance(data, dict):
         kind = "empty" if data is None else f"a {type(data).__name__}"
         raise ScenarioError([Problem(source, "", f"the scenario is {kind}; expected a YAML mapping of sections "
                                                  "(workload, device, batching, ...)")])
     try:
         scenario = Scenario.model_validate(data)
+        scenario._base_dir = base_dir
+        scenario = resolve(scenario)
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
@@ -308,7 +312,6 @@ def scenario_from_dict(data: Any, source: str = "<scenario>", marks: dict | None
                                     None if mark is None else mark.line + 1,
                                     None if mark is None else mark.column + 1))
         raise ScenarioError(problems) from None
-    scenario._base_dir = base_dir
     _check_files(scenario, source, marks or {})
     return scenario
 
@@ -351,7 +354,7 @@ def _from_command_line(problem: Problem, keys: list[str]) -> Problem:
 
 
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
-    """Read, override and validate a scenario file. Raises ScenarioError with every problem found."""
+    """Read, override, validate and resolve a scenario file. Raises ScenarioError with every problem found."""
     path = Path(path)
     source = str(path)
     node, data = read_yaml(read_text(path), source)

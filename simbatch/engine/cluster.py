@@ -20,6 +20,7 @@ import numpy as np
 import simpy
 
 from simbatch.config import Scenario, replica_scenarios
+from simbatch.config.resolve import resolve
 from simbatch.engine.client import Client
 from simbatch.engine.disaggregated import Dispatcher
 from simbatch.engine.replica import Replica
@@ -65,7 +66,9 @@ class Engine:
 
     def __init__(self, scenario: Scenario, workload: WorkloadArrays, check_invariants: bool = False,
                  on_progress: Callable[[float, int], None] | None = None, observers: Sequence[Observer] = ()):
-        self.scenario = scenario
+        # The engine runs resolved scenarios only (presets' costs, numbers of blocks); resolving one
+        # that is (simulate's, a loaded one) gives it back alike.
+        self.scenario = scenario = resolve(scenario)
         self.workload = workload
         self.env = simpy.Environment()
         # A client sends when earlier requests complete or are rejected, so send times are known only

@@ -55,7 +55,7 @@ class Dispatcher:
             replica.pool, replica.dispatcher = "decode", self
         self.router = make_router(scenario, session, pools.decode_router, streams.DECODE_ROUTING)
         self.link = pools.kv_transfer
-        self.kv_bytes_per_token = scenario.kv_bytes_per_token()
+        self.kv_bytes_per_token = pools.kv_bytes_per_token  # resolved: from the prefill pool's preset if not given
         # What happens at each future instant: (deliveries, hand-overs), fired by one urgent event.
         self._at: dict[int, tuple[list[Request], list[Request]]] = {}
         self._sent: dict[int, Request] = {}  # request id -> its prefill side, until its KV is delivered

@@ -2,27 +2,41 @@
 
 from __future__ import annotations
 
-from simbatch.config import Device, KVCache, Scenario
+from simbatch.config import Device, KVCache, Resolution, Scenario
 
 
-def _block(title: str, device: Device, cache: KVCache) -> list[str]:
-    if device.preset is None and not cache._derivation:
+def _block(title: str, record: Resolution, device: Device, device_key: str, cache: KVCache,
+           cache_key: str) -> list[str]:
+    blocks = record.get(f"{cache_key}.num_blocks")
+    derived = blocks is not None and blocks.decided
+    if device.preset is None and not derived:
         return []
     lines = [f"{title} ({'preset ' + device.preset if device.preset else 'no preset'}):"]
-    lines += [f"  {key:<34} {getattr(device, key):>10.6g}  {source}" for key, source in device.sources().items()]
-    if cache._derivation:
+    lines += [f"  {key:<34} {getattr(device, key):>10.6g}  {source}"
+              for key, source in record.sources(device_key).items()]
+    if derived:
         tokens = cache.num_blocks * cache.block_size
-        lines.append(f"  {'kv_cache.num_blocks':<34} {cache.num_blocks:>10,}  ({tokens:,} tokens) from "
-                     f"{cache._derivation}")
+        lines.append(f"  {'kv_cache.num_blocks':<34} {cache.num_blocks:>10,}  ({tokens:,} tokens) from {blocks.note}")
     return lines
 
 
 def preset_block(scenario: Scenario) -> str | None:
     """The device's costs with their source (preset / explicit / default) and the KV blocks' derivation,
-    for the scenario and each replica group with its own device or cache; None when nothing was derived."""
-    lines = _block("Device costs", scenario.device, scenario.kv_cache)
+    for the scenario and each replica group with its own device or cache; None when nothing was derived.
+
+    ``scenario`` is resolved (:func:`simbatch.config.resolve.resolve`, as the loader does): its
+    record says where each value came from.
+    """
+    record = scenario.resolution
+    if record is None:
+        raise ValueError("preset_block reads a resolved scenario's record: resolve it first "
+                         "(simbatch.config.resolve.resolve)")
+    lines = _block("Device costs", record, scenario.device, "device", scenario.kv_cache, "kv_cache")
     for i, spec in enumerate(scenario.cluster.replica_specs or []):
         if spec.device is not None or spec.kv_cache is not None:
-            lines += _block(f"Device costs of cluster.replica_specs.{i}", spec.device or scenario.device,
-                            spec.kv_cache or scenario.kv_cache)
+            where = f"cluster.replica_specs.{i}"
+            lines += _block(f"Device costs of {where}", record, spec.device or scenario.device,
+                            f"{where}.device" if spec.device is not None else "device",
+                            spec.kv_cache or scenario.kv_cache,
+                            f"{where}.kv_cache" if spec.kv_cache is not None else "kv_cache")
     return "\n".join(lines) or None

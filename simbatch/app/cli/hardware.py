@@ -56,17 +56,18 @@ def _show(preset: str) -> None:
     8192 and max_num_seqs 256 (vLLM's defaults on a large GPU)."""
     from pydantic import ValidationError
 
-    from simbatch.config import Device
+    from simbatch.config import DEVICE_COSTS, Device
+    from simbatch.config.resolve import deployment, resolve_device
     from simbatch.hardware.memory import kv_budget
 
     try:
-        device = Device(preset=preset)
+        device = resolve_device(Device(preset=preset))
     except ValidationError as exc:
         raise BadInput(f"{printable(preset)}: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
-    for key in device.sources():
+    for key in DEVICE_COSTS:
         typer.echo(f"{key:<34} {getattr(device, key):>10.6g}")
     try:
-        budget = kv_budget(device.deployment(), 16, 0.9, 8192, 256)
+        budget = kv_budget(deployment(device), 16, 0.9, 8192, 256)
         typer.echo(f"{'kv_cache.num_blocks: auto':<34} {budget.blocks:>10,}  ({budget.blocks * 16:,} tokens of "
                    f"16-token blocks: {budget.describe()})")
     except ValueError as exc:
@@ -97,6 +98,7 @@ def calibrate(files: list[Path] = FILES_ARG, out: Path = SNIPPET_OPT, preset: st
     from pydantic import ValidationError
 
     from simbatch.config import Device
+    from simbatch.config.resolve import resolve_device
     from simbatch.hardware.calibrate import PARAMS, CalibrationError
     from simbatch.hardware.calibrate import calibrate as run_fit
 
@@ -107,7 +109,7 @@ def calibrate(files: list[Path] = FILES_ARG, out: Path = SNIPPET_OPT, preset: st
     start = None
     if preset is not None:
         try:
-            device = Device(preset=preset)
+            device = resolve_device(Device(preset=preset))
         except ValidationError as exc:
             raise BadInput(f"--preset: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
         start = {k: getattr(device, k) for k in PARAMS}

@@ -1,0 +1,52 @@
+"""What every section of a scenario is made of: the strict base model, bounded numbers, and units.
+
+A scenario is data, checked once, at the door. Three rules make a typo an error instead of a silent
+default or an absurd figure much later:
+
+- every section is a :class:`_Model`, which forbids unknown keys (``extra="forbid"``: ``max_num_seq``
+  is refused, with the closest known key suggested) and infinities or NaNs;
+- every count is a bounded type (``PosInt``, ``Tokens``, ...): ``strict`` integers, so ``16.5`` blocks
+  or ``"8"`` sequences are refused rather than rounded or parsed;
+- every plausible range has a named bound (``MAX_*``): a value beyond it is an exponent too many.
+
+Scenario files speak milliseconds and the model runs in seconds; :func:`seconds` is the one
+conversion, used by the sections' ``*_s`` properties.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_TOKENS = 10_000_000
+"""The longest prompt or output a length may have: ten times the longest context windows there are.
+A larger value is a typo (an exponent too many), and would make every figure derived from it absurd."""
+
+MAX_RATE = 1e6
+"""The highest finite arrival rate, requests/s: a thousand times a large fleet's; above it, a typo."""
+
+MAX_CONTEXT_COST_MS = 1e6
+"""The largest context cost per 1k tokens or 1M pairs, ms: a thousand seconds; above it, a typo."""
+
+MAX_FRONTEND_MS = 60_000.0
+"""The longest frontend latency, ms: a minute; above it, a typo (and an overflow risk on the ns clock)."""
+
+PosInt = Annotated[int, Field(gt=0, strict=True)]
+NonNegInt = Annotated[int, Field(ge=0, strict=True)]
+PosFloat = Annotated[float, Field(gt=0)]
+NonNegFloat = Annotated[float, Field(ge=0)]
+Tokens = Annotated[int, Field(gt=0, le=MAX_TOKENS, strict=True)]
+MeanTokens = Annotated[float, Field(gt=0, le=MAX_TOKENS)]
+
+
+def seconds(ms: float | None) -> float | None:
+    """A setting in ms, as the model reads it: in seconds. Scenario files speak milliseconds, the model
+    runs in seconds; the sections' ``*_s`` properties are the one place where one becomes the other."""
+    return None if ms is None else ms / 1e3
+
+
+class _Model(BaseModel):
+    # Every number is finite: an infinity or NaN is a typo that would surface much later, in a plot
+    # or a verdict. The one setting where infinity means something (rate: inf) says so itself.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)

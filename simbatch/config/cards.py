@@ -1,0 +1,59 @@
+"""``device.gpu_card`` and ``device.model_card``: the public numbers a preset is derived from, as a schema.
+
+A card is what a spec sheet or a model's ``config.json`` says: memory, bandwidth and peak FLOP/s of a
+GPU; layers, heads and sizes of a model. The cards simbatch ships are data
+(``simbatch/data/hardware_cards.yaml``, loaded by :mod:`simbatch.hardware.cards`); a scenario can
+bring its own inline, validated by the same models. The schema lives here, with the rest of the
+scenario's, so that reading a scenario needs nothing of the hardware model; what a card *means* for
+a step's cost is :mod:`simbatch.hardware.preset`.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Card(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class GpuCard(_Card):
+    """One accelerator, per GPU; FLOP/s are dense (no sparsity)."""
+
+    name: str = Field(description="The name a preset uses, e.g. H100-SXM.")
+    memory_gib: float = Field(gt=0, description="Device memory, GiB (2^30 bytes; a card sold as 80GB has 80 GiB).")
+    memory_bandwidth_gb_s: float = Field(gt=0, description="Peak memory bandwidth, GB/s.")
+    bf16_tflops: float = Field(gt=0, description="Dense bf16 tensor peak, 1e12 FLOP/s.")
+    fp8_tflops: float | None = Field(default=None, gt=0, description="Dense fp8 tensor peak, 1e12 FLOP/s; "
+                                     "null when the GPU has no fp8.")
+    interconnect_gb_s: float = Field(gt=0, description="GPU-to-GPU bandwidth for tensor-parallel all-reduce, GB/s.")
+    source: str = Field(default="", description="Where the numbers come from.")
+
+
+class ModelCard(_Card):
+    """One decoder-only transformer, as its config.json describes it."""
+
+    name: str = Field(description="The name a preset uses, e.g. llama-3.1-8b.")
+    params_b: float = Field(gt=0, description="Parameters, billions (all experts of a MoE).")
+    active_params_b: float | None = Field(default=None, gt=0, description="Parameters one token runs "
+                                          "through, billions (MoE); params_b when omitted.")
+    layers: int = Field(gt=0, description="Transformer layers.")
+    hidden_size: int = Field(gt=0, description="Hidden size.")
+    intermediate_size: int = Field(gt=0, description="MLP intermediate size (one expert's, for a MoE).")
+    q_heads: int = Field(gt=0, description="Attention (query) heads.")
+    kv_heads: int = Field(gt=0, description="Key/value heads (fewer than q_heads under grouped-query attention).")
+    head_dim: int = Field(gt=0, description="Dimension of one head.")
+    vocab_size: int = Field(gt=0, description="Vocabulary size.")
+    source: str = Field(default="", description="Where the numbers come from.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelCard:
+        if self.q_heads % self.kv_heads:
+            raise ValueError(f"q_heads ({self.q_heads}) is not a multiple of kv_heads ({self.kv_heads})")
+        if self.active_params_b is not None and self.active_params_b > self.params_b:
+            raise ValueError(f"active_params_b ({self.active_params_b}) exceeds params_b ({self.params_b})")
+        return self
+
+    @property
+    def active_b(self) -> float:
+        return self.params_b if self.active_params_b is None else self.active_params_b

@@ -1,0 +1,163 @@
+"""``cluster``: replicas behind a router, a heterogeneous fleet, or disaggregated prefill and decode pools.
+
+Every replica runs the scenario's own sections unless a group says otherwise: a ``replica_specs``
+group, or a disaggregated pool, replaces the scenario's ``device``, ``kv_cache`` or ``batching`` for
+its replicas, whole (:func:`simbatch.config.scenario.replica_scenarios` builds what each runs). The
+engine side is :mod:`simbatch.engine.cluster` (arrivals, admission, routing) and
+:mod:`simbatch.engine.disaggregated` (the hand-over and its KV transfer).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from simbatch.config.base import NonNegFloat, PosFloat, PosInt, _Model, seconds
+from simbatch.config.batching import Batching
+from simbatch.config.device import Device
+from simbatch.config.kv_cache import KVCache
+
+
+class ReplicaSpec(_Model):
+    """A group of alike replicas in a heterogeneous fleet.
+
+    A section given here (device, kv_cache, batching) replaces the scenario's section for these
+    replicas, whole: fields left out of it take their defaults. A section left out is the scenario's.
+    """
+
+    count: PosInt = Field(default=1, description="Replicas in this group.")
+    device: Device | None = Field(
+        default=None, description="This group's cost model, replacing the scenario's whole; the scenario's when omitted."
+    )
+    kv_cache: KVCache | None = Field(
+        default=None, description="This group's KV cache, replacing the scenario's whole; the scenario's when omitted."
+    )
+    batching: Batching | None = Field(
+        default=None, description="This group's batching, replacing the scenario's whole; the scenario's when omitted."
+    )
+
+
+LOAD_ROUTERS = ("least_outstanding", "least_kv", "power_of_two", "session_affinity")
+
+
+class KVTransfer(_Model):
+    """The link a request's KV crosses from its prefill replica to its decode replica."""
+
+    bandwidth_gb_s: PosFloat = Field(description="Bytes moved per second, in GB/s (10^9 bytes).")
+    latency_ms: NonNegFloat = Field(default=0.0, description="Fixed cost of one transfer (set-up, handshake), ms.")
+
+    def seconds_for(self, num_bytes: float) -> float:
+        """One transfer of ``num_bytes``: bytes / bandwidth + latency, s."""
+        return num_bytes / (self.bandwidth_gb_s * 1e9) + seconds(self.latency_ms)
+
+
+class Disaggregated(_Model):
+    """Disaggregated prefill and decode: two pools of replicas, and the KV transfer between them.
+
+    A request is prefilled on a prefill replica (chosen by ``cluster.router``), samples its first
+    token there, and moves on to a decode replica, which decodes it to the end (docs/concepts.md,
+    "Disaggregated prefill and decode"). Replicas 0 .. prefill.count - 1 are the prefill pool, the
+    rest the decode pool.
+    """
+
+    prefill: ReplicaSpec = Field(description="The prefill pool: count, and the sections it overrides.")
+    decode: ReplicaSpec = Field(description="The decode pool: count, and the sections it overrides.")
+    kv_transfer: KVTransfer
+    decode_router: Literal["round_robin", "random", "least_outstanding", "least_kv", "power_of_two",
+                           "session_affinity"] = Field(
+        default="least_outstanding", description="Which decode replica a prefilled request goes to (as "
+        "cluster.router, over the decode pool; read when its KV transfer is requested).")
+    kv_bytes_per_token: PosFloat | None = Field(
+        default=None, description="Bytes per token. The KV of one token on one GPU (all layers, keys and "
+        "values); from the prefill pool's device.preset when omitted (required without one).")
+
+    def check_kv_bytes(self, has_preset: bool) -> None:
+        """ValueError when ``kv_bytes_per_token`` is missing and ``has_preset`` (the prefill pool's device
+        has a preset) is false: there is nothing to derive it from."""
+        if self.kv_bytes_per_token is None and not has_preset:
+            raise ValueError("cluster.disaggregated.kv_bytes_per_token is missing and the prefill pool's device "
+                             "has no preset to derive it from; give kv_bytes_per_token (e.g. 131072 for "
+                             "llama-3.1-8b in bf16) or set device.preset")
+
+
+class Cluster(_Model):
+    """Replicas behind a router, and the admission control in front of them."""
+
+    replicas: PosInt = Field(
+        default=1, description="Number of engines; with replica_specs, the sum of their counts (may be omitted)."
+    )
+    replica_specs: list[ReplicaSpec] | None = Field(
+        default=None, min_length=1,
+        description="A heterogeneous fleet: groups of replicas, in index order, each overriding sections.",
+    )
+    router: Literal["round_robin", "random", "least_outstanding", "least_kv", "power_of_two",
+                    "session_affinity"] = Field(
+        default="round_robin",
+        description="round_robin; random; least_outstanding (fewest running + waiting); least_kv (lowest KV "
+        "usage fraction); power_of_two (two random replicas, the less outstanding); session_affinity (a "
+        "session sticks to the replica its first request went to, chosen by least_outstanding).",
+    )
+    signal_delay_ms: NonNegFloat = Field(
+        default=0.0, description="Load-reading routers see each replica's state as it was this long ago, ms."
+    )
+    max_in_flight: PosInt | None = Field(
+        default=None, description="Cap on requests in the cluster (waiting + running, all replicas); "
+        "arrivals beyond it are rejected (429, reason cluster_full)."
+    )
+    disaggregated: Disaggregated | None = Field(
+        default=None, description="Separate prefill and decode pools with a KV transfer between them "
+        "(continuous batching only); replicas is then the pools' total.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _count_from_specs(cls, data):
+        # The replica count is the specs' total, so everything that reads `replicas` reads the truth.
+        specs = data.get("replica_specs") if isinstance(data, dict) else None
+        pools = data.get("disaggregated") if isinstance(data, dict) else None
+        if specs is None and isinstance(pools, dict | Disaggregated):
+            get = pools.get if isinstance(pools, dict) else (lambda k: getattr(pools, k))
+            specs = [get("prefill"), get("decode")]
+        if isinstance(specs, list) and "replicas" not in data:
+            counts = [s.get("count", 1) if isinstance(s, dict) else getattr(s, "count", None) for s in specs]
+            if all(isinstance(c, int) and c > 0 for c in counts):
+                data = {**data, "replicas": sum(counts)}
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Cluster:
+        if self.disaggregated is not None:
+            if self.replica_specs is not None:
+                raise ValueError("cluster.replica_specs with cluster.disaggregated: the pools are the fleet; give "
+                                 "each pool's sections under disaggregated.prefill / disaggregated.decode")
+            if self.max_in_flight is not None:
+                raise ValueError(f"cluster.max_in_flight ({self.max_in_flight}) with cluster.disaggregated is not "
+                                 "modelled (a request in transfer is in neither pool); remove max_in_flight, or "
+                                 "cap each pool's queue with scheduler.max_waiting")
+        if self.groups() is not None:
+            total = sum(s.count for s in self.groups())
+            if self.replicas != total:
+                raise ValueError(f"replicas ({self.replicas}) disagrees with replica_specs, whose counts sum to "
+                                 f"{total}; remove replicas or set it to {total}")
+        if self.signal_delay_ms > 0 and self.router not in LOAD_ROUTERS:
+            raise ValueError(f"signal_delay_ms ({self.signal_delay_ms}) has no effect on router {self.router}, "
+                             f"which reads no load; remove it or use one of {', '.join(LOAD_ROUTERS)}")
+        return self
+
+    @property
+    def signal_delay_s(self) -> float:
+        return seconds(self.signal_delay_ms)
+
+    def groups(self) -> list[ReplicaSpec] | None:
+        """The groups of alike replicas, in index order (the two pools when disaggregated), or None
+        when every replica runs the scenario's own sections."""
+        if self.disaggregated is not None:
+            return [self.disaggregated.prefill, self.disaggregated.decode]
+        return self.replica_specs
+
+    def named_groups(self) -> list[tuple[str, ReplicaSpec]]:
+        """Each replica group with the dotted key that names it in a scenario file."""
+        if self.disaggregated is not None:
+            return [("cluster.disaggregated.prefill", self.disaggregated.prefill),
+                    ("cluster.disaggregated.decode", self.disaggregated.decode)]
+        return [(f"cluster.replica_specs.{i}", spec) for i, spec in enumerate(self.replica_specs or [])]

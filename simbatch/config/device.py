@@ -1,0 +1,108 @@
+"""``device``: what one engine step costs, and speculative decoding.
+
+A step takes ``tau0 + beta*B + gamma*P + delta*K + epsilon*A`` (:mod:`simbatch.model.cost`, the one
+place the formula lives). This section holds the five costs as the file gives them, or a
+``preset`` naming a model and a GPU; it does not derive anything. Deriving the preset's costs for
+the keys the file leaves out is resolution's work (:mod:`simbatch.config.resolve`), which records
+where each cost came from. A section without a preset is already what the engine runs.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from simbatch.config.base import MAX_CONTEXT_COST_MS, NonNegFloat, PosFloat, PosInt, _Model, seconds
+from simbatch.config.cards import GpuCard, ModelCard
+
+DEVICE_COSTS = ("tau0_ms", "beta_ms", "prefill_ms_per_token", "kv_read_ms_per_1k_tokens",
+                "prefill_attention_ms_per_1m_pairs")
+"""The five costs of a step (tau0, beta, gamma, delta, epsilon), as the device section names them."""
+
+
+class Speculative(_Model):
+    """Speculative decoding (simbatch/features/speculative.py): a draft model proposes tokens, the target verifies them.
+
+    Each decode step a decoding request verifies up to ``num_speculative_tokens`` drafted tokens; each
+    draft is accepted with probability ``acceptance_rate``, independently, until the first rejection
+    (or with a rate of the request's own, drawn once, with ``acceptance_rate_concentration``).
+    The drafter's cost is ``draft_cost_ms`` per draft step, or ``draft_cost_fraction`` of the target's
+    step time over the same sequences: exactly one of the two.
+    """
+
+    num_speculative_tokens: PosInt = Field(description="k: draft tokens proposed per request per step.")
+    acceptance_rate: float = Field(
+        ge=0, lt=1, description="alpha: probability that a draft token is accepted, given the ones before it were.")
+    acceptance_rate_concentration: PosFloat | None = Field(
+        default=None, description="Each request its own acceptance rate, drawn from a Beta distribution of mean "
+        "acceptance_rate and this concentration (variance alpha (1 - alpha) / (1 + concentration)); null: "
+        "every request has acceptance_rate.")
+    draft_cost_ms: NonNegFloat | None = Field(default=None, description="The drafter's time per draft step, ms.")
+    draft_cost_fraction: NonNegFloat | None = Field(
+        default=None, description="The drafter's time per draft step as a fraction of the target's step time "
+        "over the same sequences (tau0 + beta S + delta K: a draft model this much the target's size).")
+
+    @model_validator(mode="after")
+    def _one_cost(self) -> Speculative:
+        if (self.draft_cost_ms is None) == (self.draft_cost_fraction is None):
+            given = "both" if self.draft_cost_ms is not None else "neither"
+            raise ValueError(f"draft_cost_ms and draft_cost_fraction: {given} given; set exactly one (ms per "
+                             "draft step, or a fraction of the target's step time)")
+        if self.acceptance_rate_concentration is not None and self.acceptance_rate == 0:
+            raise ValueError("acceptance_rate_concentration with acceptance_rate 0: a Beta distribution of mean 0 "
+                             "has no spread; remove acceptance_rate_concentration or raise acceptance_rate")
+        return self
+
+
+
+
+class Device(_Model):
+    """The cost model (simbatch/model/cost.py): one engine step takes tau0 + beta*B + gamma*P + delta*K + epsilon*A.
+
+    B decoding sequences, P prefill tokens, K the KV tokens the step reads, A the prefill attention
+    pairs (docs/concepts.md). ``preset`` derives all five from a model and a GPU (docs/hardware.md);
+    a key given beside it overrides the preset's value.
+    """
+
+    tau0_ms: NonNegFloat = Field(default=20.0, description="Fixed cost of a step (streaming the weights), ms.")
+    beta_ms: NonNegFloat = Field(default=0.2, description="Marginal cost per decoding sequence, ms.")
+    prefill_ms_per_token: NonNegFloat = Field(default=0.0, description="Cost per prefill token, ms.")
+    kv_read_ms_per_1k_tokens: NonNegFloat = Field(
+        default=0.0, le=MAX_CONTEXT_COST_MS,
+        description="delta: cost of reading 1,000 cached KV tokens (every scheduled request reads its "
+        "whole context each step), ms; 0 makes step time independent of context.")
+    prefill_attention_ms_per_1m_pairs: NonNegFloat = Field(
+        default=0.0, le=MAX_CONTEXT_COST_MS,
+        description="epsilon: prefill attention compute per 1,000,000 (query, key) token pairs, ms; a "
+        "chunk of c tokens after k cached has c * (k + c / 2) pairs.")
+    preset: str | None = Field(
+        default=None, description="<model>/<gpu>[/tpN][/fp8], e.g. llama-3.1-8b/H100-SXM/tp2: the five costs "
+        "above from public specs (`simbatch presets` lists the names); keys given here override it.")
+    gpu_card: GpuCard | None = Field(default=None, description="Your own GPU card, named in `preset` "
+                                     "(docs/hardware.md).")
+    model_card: ModelCard | None = Field(default=None, description="Your own model card, named in `preset`.")
+    speculative: Speculative | None = Field(
+        default=None, description="Speculative decoding: k drafts per decode step, each accepted with probability "
+        "alpha (continuous batching only; docs/concepts.md).")
+
+    # The model runs in seconds: the settings in s, converted here and nowhere else (see ``seconds``).
+    @property
+    def tau0_s(self) -> float:
+        return seconds(self.tau0_ms)
+
+    @property
+    def beta_s(self) -> float:
+        return seconds(self.beta_ms)
+
+    @property
+    def prefill_s_per_token(self) -> float:
+        return seconds(self.prefill_ms_per_token)
+
+    @model_validator(mode="after")
+    def _positive_step(self) -> Device:
+        # A preset's own step is never free; the costs given beside it are checked here as given.
+        if self.preset is None and (self.gpu_card is not None or self.model_card is not None):
+            raise ValueError("gpu_card/model_card are used by a preset only; set device.preset to "
+                             "<model>/<gpu> naming them, or remove them")
+        if self.tau0_ms == 0 and self.beta_ms == 0:
+            raise ValueError("tau0_ms and beta_ms are both 0: a step would take no time")
+        return self

@@ -1,0 +1,71 @@
+"""``kv_cache``: the paged KV cache, in blocks of ``block_size`` tokens.
+
+``num_blocks`` is a number, or ``auto``: sized from the GPU's memory as vLLM sizes it at start-up
+(needs ``device.preset``), or from the token count vLLM logs (``gpu_kv_cache_tokens``). Turning
+``auto`` into a number needs the device and the batching the cache runs with, so it is resolution's
+work (:mod:`simbatch.config.resolve`), for the scenario and for every replica group; what can be
+checked from the section alone (a count smaller than a block, a count that disagrees with
+``num_blocks``, ``auto`` with nothing to size it from) is checked here, by :meth:`KVCache.check_blocks`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from simbatch.config.base import NonNegFloat, NonNegInt, PosInt, _Model
+
+
+class KVCache(_Model):
+    """Paged KV cache: fixed-size blocks, allocated as sequences grow."""
+
+    block_size: PosInt = Field(default=16, description="Tokens per block.")
+    num_blocks: PosInt | Literal["auto"] = Field(
+        default=8192, description="Blocks on the device; auto: from the GPU's memory as vLLM sizes it (needs "
+        "device.preset), or from gpu_kv_cache_tokens.")
+    gpu_kv_cache_tokens: PosInt | None = Field(
+        default=None, description="The token count vLLM logs at start-up (\"GPU KV cache size: N tokens\"): "
+        "num_blocks = N // block_size.")
+    gpu_memory_utilization: float = Field(
+        default=0.9, gt=0, le=1, description="num_blocks auto: the fraction of GPU memory vLLM may use "
+        "(its --gpu-memory-utilization).")
+    activation_reserve_gib: NonNegFloat | None = Field(
+        default=None, description="num_blocks auto: memory kept for activations and outside PyTorch, GiB per "
+        "GPU; estimated from the model when omitted (docs/hardware.md).")
+    swap_blocks: NonNegInt = Field(default=0, description="Blocks in the host swap pool (swap preemption).")
+    swap_ms_per_block: NonNegFloat = Field(default=0.0, description="Transfer time per block, each way, ms.")
+    enable_prefix_caching: bool = Field(
+        default=False, description="Keep computed blocks, keyed by their content, for later requests with the "
+        "same prefix (vLLM's automatic prefix caching; continuous batching only)."
+    )
+
+    @field_validator("num_blocks", mode="before")
+    @classmethod
+    def _blocks_or_auto(cls, value):
+        # One message for both halves of the union (pydantic would list a failure for each).
+        if value == "auto" or isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+        raise ValueError("num_blocks must be a whole number of blocks greater than 0, or auto")
+
+    @property
+    def blocks_from_tokens(self) -> int | None:
+        """The blocks ``gpu_kv_cache_tokens`` gives (whole blocks: vLLM logs blocks x block_size), or None."""
+        return None if self.gpu_kv_cache_tokens is None else self.gpu_kv_cache_tokens // self.block_size
+
+    def check_blocks(self, has_preset: bool, where: str) -> None:
+        """ValueError when ``num_blocks`` cannot become a number: ``where`` names the section, and
+        ``has_preset`` says whether the device it runs on has a preset to size ``auto`` from."""
+        blocks = self.blocks_from_tokens
+        if blocks is not None:
+            if blocks < 1:
+                raise ValueError(f"{where}.gpu_kv_cache_tokens ({self.gpu_kv_cache_tokens}) is less than one block "
+                                 f"of {self.block_size} tokens; give the token count vLLM logs")
+            if "num_blocks" in self.model_fields_set and self.num_blocks not in ("auto", blocks):
+                raise ValueError(f"{where}.gpu_kv_cache_tokens ({self.gpu_kv_cache_tokens}) gives {blocks} blocks "
+                                 f"of {self.block_size} tokens, but num_blocks is {self.num_blocks}; remove "
+                                 "num_blocks (or set it to auto)")
+        elif self.num_blocks == "auto" and not has_preset:
+            raise ValueError(f"{where}.num_blocks is auto, which derives the blocks from the model and the GPU; "
+                             "set device.preset (e.g. llama-3.1-8b/H100-SXM), or give "
+                             f"{where}.gpu_kv_cache_tokens or a number of blocks")

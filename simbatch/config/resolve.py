@@ -1,0 +1,223 @@
+"""Resolution: from the scenario a file gives to the scenario the engine runs, and where each value came from.
+
+A validated :class:`~simbatch.config.Scenario` is data: what the file says. Some of what the engine
+needs follows from it without being written in it, and :func:`resolve` fills that in:
+
+1. **device costs** (every device: the scenario's and each replica group's own): the keys a file
+   leaves out beside ``device.preset`` take the preset's values, from the model and GPU cards and
+   the fitted efficiencies (:mod:`simbatch.hardware.preset`);
+2. **KV blocks**: ``kv_cache.num_blocks: auto`` becomes the blocks left in the GPU's memory once the
+   weights and activations are in (:mod:`simbatch.hardware.memory`, as vLLM sizes its cache), and
+   ``gpu_kv_cache_tokens`` the blocks that many tokens fill; for the scenario's cache and each group's;
+3. **KV transfer**: a disaggregated cluster's ``kv_bytes_per_token``, from the prefill pool's preset
+   when the file gives none.
+
+Each step reads what the steps before it decided (the KV blocks of a group read its resolved device),
+so a new kind of resolution is one more step in :data:`STEPS`, at its place. Every value a step
+decides goes into the scenario's record (:attr:`Scenario.resolution
+<simbatch.config.scenario.Scenario.resolution>`) as a :class:`~simbatch.config.provenance.Provenance`
+(value, source, one line of how), under the key's dotted name; ``simbatch run`` prints it.
+
+Resolution is a function: it never changes its input (it copies what it changes; the rest is shared),
+and resolving a resolved scenario gives it back unchanged, record included. It stays a fixpoint
+because a decided value is never marked as given (``model_fields_set`` stays the file's), so it is
+decided again, alike; a value that replaced what it came from (``auto`` became a number) keeps the
+record's word for how it was made. A failure is a :class:`pydantic.ValidationError` located as
+validation locates it, so the loader reports it at its ``file:line`` like any other.
+
+:func:`simbatch.config.loading.load_scenario` and :func:`simbatch.simulation.simulate` resolve for
+you; :func:`resolve` is for a scenario validated by hand whose derived values you want to read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from simbatch.config.batching import Batching
+from simbatch.config.cluster import ReplicaSpec
+from simbatch.config.device import DEVICE_COSTS, Device
+from simbatch.config.kv_cache import KVCache
+from simbatch.config.provenance import Provenance, Resolution
+from simbatch.config.scenario import Scenario, sized_caches
+from simbatch.hardware.memory import kv_budget
+from simbatch.hardware.preset import Deployment, fitted, parse
+
+M = TypeVar("M", bound=BaseModel)
+Record = dict[str, Provenance]
+
+
+class _Failed(Exception):
+    """Resolution of one key failed: where (a dotted key, "" for the whole scenario), why, and the input."""
+
+    def __init__(self, where: str, message: str, value: Any):
+        super().__init__(message)
+        self.where, self.message, self.value = where, message, value
+
+
+def _invalid(failures: list[_Failed], title: str = "Scenario") -> ValidationError:
+    """The failures as pydantic reports a validator's: type value_error, at the key's location."""
+    return ValidationError.from_exception_data(title, [
+        {"type": "value_error", "loc": tuple(int(p) if p.isdigit() else p for p in f.where.split(".") if p),
+         "input": f.value, "ctx": {"error": ValueError(f.message)}} for f in failures])
+
+
+def _decided(model: M, **values: Any) -> M:
+    """A copy of ``model`` holding ``values``, which resolution decided: they are not marked as given,
+    so resolving the copy again decides them again (validated already: they are not validated again)."""
+    out = model.model_copy(update=values)
+    object.__setattr__(out, "__pydantic_fields_set__", set(model.model_fields_set))
+    return out
+
+
+# --------------------------------------------------------------------------- the device's costs
+def deployment(device: Device) -> Deployment | None:
+    """The :class:`~simbatch.hardware.preset.Deployment` ``device.preset`` names (with the device's own
+    cards), or None without a preset; ValueError, saying what to write, for a name that names none."""
+    if device.preset is None:
+        return None
+    return parse(device.preset, {device.gpu_card.name: device.gpu_card} if device.gpu_card else None,
+                 {device.model_card.name: device.model_card} if device.model_card else None)
+
+
+def _device(device: Device, where: str) -> tuple[Device, Record]:
+    """The device with its preset's costs where it gives none, and each cost's provenance."""
+    try:
+        d = deployment(device)
+    except ValueError as exc:
+        raise _Failed(where, str(exc), device.model_dump(exclude_unset=True)) from None
+    given = device.model_fields_set
+    # Six significant digits, as printed; every value is finite and >= 0, as validation would demand.
+    taken = {} if d is None else {k: float(f"{v:.6g}") for k, v in d.device_ms(fitted()[0]).items() if k not in given}
+    record = {f"{where}.{k}": Provenance(taken[k], "preset", d.name) if k in taken else
+              Provenance(getattr(device, k), "explicit" if k in given else "default") for k in DEVICE_COSTS}
+    return (_decided(device, **taken) if taken else device), record
+
+
+def resolve_device(device: Device) -> Device:
+    """A device section alone, resolved: its preset's costs filled in where it gives none (itself
+    without a preset). ValidationError for a preset that names no model and GPU."""
+    try:
+        return _device(device, "device")[0]
+    except _Failed as failed:
+        raise _invalid([failed], "Device") from None
+
+
+def _with_groups(scenario: Scenario, specs: dict[str, ReplicaSpec]) -> Scenario:
+    """``scenario`` with the replica groups named in ``specs`` (by their dotted key) replaced."""
+    if not specs:
+        return scenario
+    cluster = scenario.cluster
+    if cluster.disaggregated is not None:
+        pools = cluster.disaggregated
+        cluster = _decided(cluster, disaggregated=_decided(pools, **{
+            name: specs.get(f"cluster.disaggregated.{name}", getattr(pools, name)) for name in ("prefill", "decode")}))
+    else:
+        cluster = _decided(cluster, replica_specs=[specs.get(where, spec) for where, spec in cluster.named_groups()])
+    return _decided(scenario, cluster=cluster)
+
+
+def _device_costs(scenario: Scenario, record: Record) -> Scenario:
+    """Step 1: every device's costs, the scenario's and each group's own; every bad preset reported at once."""
+    devices = [("device", None, scenario.device)] + [(f"{where}.device", spec, spec.device) for where, spec in
+                                                     scenario.cluster.named_groups() if spec.device is not None]
+    failures, resolved = [], {}
+    for where, _, device in devices:
+        try:
+            resolved[where], costs = _device(device, where)
+        except _Failed as failed:
+            failures.append(failed)
+            continue
+        record |= costs
+    if failures:
+        raise _invalid(failures)
+    groups = {where.removesuffix(".device"): _decided(spec, device=resolved[where])
+              for where, spec, device in devices if spec is not None and resolved[where] is not device}
+    out = _with_groups(scenario, groups)
+    return out if resolved["device"] is scenario.device else _decided(out, device=resolved["device"])
+
+
+# --------------------------------------------------------------------------- KV blocks
+def _blocks(cache: KVCache, device: Device, batching: Batching, where: str) -> tuple[KVCache, Provenance]:
+    """The cache with ``num_blocks`` a number, and how it was had."""
+    try:
+        cache.check_blocks(device.preset is not None, where)
+        if (blocks := cache.blocks_from_tokens) is not None:
+            how = Provenance(blocks, "derived", f"gpu_kv_cache_tokens {cache.gpu_kv_cache_tokens:,} / block_size "
+                                                f"{cache.block_size}")
+        elif cache.num_blocks == "auto":
+            d = deployment(device)
+            budget = kv_budget(d, cache.block_size, cache.gpu_memory_utilization, batching.max_num_batched_tokens,
+                               batching.max_num_seqs, cache.activation_reserve_gib)
+            how = Provenance(budget.blocks, "preset", f"{d.name}: {budget.describe()}")
+        else:
+            return cache, Provenance(cache.num_blocks, "explicit" if "num_blocks" in cache.model_fields_set
+                                     else "default")
+    except ValueError as exc:
+        raise _Failed("", str(exc), cache.model_dump(exclude_unset=True)) from None
+    return (cache if cache.num_blocks == how.value else _decided(cache, num_blocks=how.value)), how
+
+
+def _kv_blocks(scenario: Scenario, record: Record) -> Scenario:
+    """Step 2: the blocks of the scenario's cache and of every group's (a group on its own GPU gets its own)."""
+    cache, groups = scenario.kv_cache, {}
+    for where, spec, given, device, batching in sized_caches(scenario):
+        try:
+            sized, record[f"{where}.num_blocks"] = _blocks(given, device, batching, where)
+        except _Failed as failed:
+            raise _invalid([failed]) from None
+        if spec is None:
+            cache = sized
+        elif sized is not spec.kv_cache:
+            groups[where.removesuffix(".kv_cache")] = _decided(spec, kv_cache=sized)
+    out = _with_groups(scenario, groups)
+    return out if cache is scenario.kv_cache else _decided(out, kv_cache=cache)
+
+
+# --------------------------------------------------------------------------- KV transfer
+def _kv_transfer(scenario: Scenario, record: Record) -> Scenario:
+    """Step 3: a disaggregated cluster's KV bytes per token, from the prefill pool's preset when not given."""
+    pools = scenario.cluster.disaggregated
+    if pools is None:
+        return scenario
+    key = "cluster.disaggregated.kv_bytes_per_token"
+    if pools.kv_bytes_per_token is not None and "kv_bytes_per_token" in pools.model_fields_set:
+        record[key] = Provenance(pools.kv_bytes_per_token, "explicit")
+        return scenario
+    device = pools.prefill.device or scenario.device
+    try:
+        pools.check_kv_bytes(device.preset is not None)
+    except ValueError as exc:
+        raise _invalid([_Failed("", str(exc), pools.model_dump(exclude_unset=True))]) from None
+    d = deployment(device)
+    record[key] = Provenance(d.kv_bytes_per_token, "preset", f"{d.name}: keys and values of every layer, "
+                                                             "one GPU's share")
+    return _decided(scenario, cluster=_decided(scenario.cluster, disaggregated=_decided(
+        pools, kv_bytes_per_token=d.kv_bytes_per_token)))
+
+
+STEPS: tuple[Callable[[Scenario, Record], Scenario], ...] = (_device_costs, _kv_blocks, _kv_transfer)
+"""The steps of resolution, in order: each returns the scenario with what it decided, and records how."""
+
+
+def resolve(scenario: Scenario) -> Scenario:
+    """The scenario the engine runs: every value the file leaves to be derived, derived, with its record.
+
+    Pure and idempotent: ``scenario`` is not changed, and ``resolve(resolve(s)) == resolve(s)``.
+    ValidationError, as validation raises it, when a value cannot be derived (an unknown preset,
+    no room for the KV cache).
+    """
+    record: Record = {}
+    out = scenario
+    for step in STEPS:
+        out = step(out, record)
+    prior = dict(scenario.resolution or {})
+    # A value that replaced what it was made from (auto became a number) reads as given now; the
+    # record still knows how it was made.
+    record = {key: prior[key] if p.source == "explicit" and key in prior and prior[key].decided and
+              prior[key].value == p.value else p for key, p in record.items()}
+    out = out.model_copy() if out is scenario else out
+    out._resolution = Resolution(record)
+    return out

@@ -1,0 +1,179 @@
+"""``workload``: the traffic, as arrivals and lengths, a trace, or closed-loop users.
+
+Every request is drawn up front from seeded streams independent of how it is served
+(:mod:`simbatch.workload`), so two scenarios that differ only in batching see the same requests.
+The checks here are about the traffic alone: what would be ignored (lengths beside a trace), what
+never ends (no count and no duration), and what cannot be sent (no arrivals and no users).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from simbatch.config.base import MAX_RATE, NonNegFloat, NonNegInt, PosFloat, PosInt, _Model
+from simbatch.config.lengths import Fixed, LengthDist
+
+
+class Arrival(_Model):
+    """When requests arrive."""
+
+    process: Literal["poisson", "gamma", "constant"] = Field(
+        default="poisson",
+        description="poisson: exponential gaps; gamma: gamma gaps with shape `burstiness` "
+        "(CV = 1/sqrt(burstiness), as in `vllm bench serve`); constant: equal gaps.",
+    )
+    rate: float = Field(default=1.0, gt=0, allow_inf_nan=True,
+                        description="Mean arrival rate, requests/s; `inf` sends all at t=0.")
+    burstiness: PosFloat = Field(
+        default=1.0, description="Gamma shape; 1 is Poisson, <1 burstier, >1 smoother (gamma only)."
+    )
+
+    @field_validator("rate")
+    @classmethod
+    def _plausible(cls, rate: float) -> float:
+        if math.isnan(rate):
+            raise ValueError("rate is NaN; give requests/s, or inf to send every request at t=0")
+        if math.isfinite(rate) and rate > MAX_RATE:
+            raise ValueError(f"rate {rate:.3g} requests/s is beyond any fleet (at most {MAX_RATE:,.0f}); "
+                             "use inf to send every request at t=0")
+        return rate
+
+
+class RequestClass(_Model):
+    """One class of traffic in a mixture: a tenant with its priority and, optionally, its own lengths."""
+
+    name: str = Field(description="Tenant name (fair policy, requests frame); classes sharing a name are one tenant.")
+    share: PosFloat = Field(default=1.0, description="Relative share of arrivals.")
+    priority: int = Field(default=0, description="Lower is served first under the `priority` policy.")
+    prompt_tokens: LengthDist | None = Field(default=None, description="Overrides workload.prompt_tokens.")
+    output_tokens: LengthDist | None = Field(default=None, description="Overrides workload.output_tokens.")
+
+
+class Trace(_Model):
+    """Replay a CSV trace: one row per request with an arrival timestamp and token counts."""
+
+    path: Path = Field(description="CSV file; relative paths are resolved against the scenario file.")
+    time_scale: PosFloat = Field(
+        default=1.0, description="Multiplies every inter-arrival gap (2.0 halves the rate)."
+    )
+    timestamp_column: str = Field(
+        default="TIMESTAMP", description="Arrival time: seconds, or date-times (offsets from the first row)."
+    )
+    prompt_column: str = Field(default="ContextTokens", description="Prompt length column, tokens.")
+    output_column: str = Field(default="GeneratedTokens", description="Output length column, tokens.")
+    priority_column: str | None = Field(
+        default=None, description="Per-request priority (whole numbers, lower is served first); "
+        "replaces the priorities classes assign."
+    )
+    tenant_column: str | None = Field(
+        default=None, description="Per-request tenant name; replaces classes (leave `classes` out)."
+    )
+    keep_time_origin: bool = Field(
+        default=False, description="false: the first arrival is at t = 0. true: times as the trace gives "
+        "them: numbers as seconds from t = 0, date-times as seconds from midnight (UTC) of the first row's day."
+    )
+
+
+class ClosedLoop(_Model):
+    """A closed-loop client: ``concurrency`` users, each sending its next request when its previous one ends.
+
+    As GenAI-Perf's ``--concurrency`` and GuideLLM's concurrent profile: the load is set by the
+    number of users, not by a rate, so requests have no intended arrival times (no client wait).
+    """
+
+    concurrency: PosInt = Field(description="Users, each with at most one request in flight.")
+    think_time_s: NonNegFloat = Field(
+        default=0.0, description="A user's pause between a response ending and its next request, s.")
+
+
+class Prefix(_Model):
+    """What requests' prompts have in common, for prefix caching (``kv_cache.enable_prefix_caching``).
+
+    A shared system prompt: a share of the requests, drawn at random, start with the same
+    ``shared_tokens`` tokens, prepended to the prompt the lengths section draws. Multi-turn sessions:
+    each request of a session continues its conversation, its prompt the conversation so far (every
+    earlier turn's prompt and output) followed by the new tokens the lengths section draws; a
+    conversation that would pass ``max_context_tokens`` starts over.
+    """
+
+    shared_tokens: NonNegInt = Field(default=0, description="Tokens of the shared system prompt.")
+    share: float = Field(default=1.0, ge=0, le=1, description="Share of requests that start with it.")
+    multi_turn: bool = Field(
+        default=False, description="Each request continues its session's conversation (needs workload.num_sessions).")
+    max_context_tokens: PosInt = Field(
+        default=32_768, description="A conversation whose next turn (prompt and output) would pass this starts over.")
+
+
+class Workload(_Model):
+    """The traffic: arrivals and lengths, or a trace. Drawn from seeded streams independent of the mode."""
+
+    num_requests: PosInt | None = Field(
+        default=None, description="Stop after this many arrivals (a trace: replay its first N rows)."
+    )
+    duration_s: PosFloat | None = Field(default=None, description="Stop arrivals after this much time, s.")
+    arrival: Arrival | None = Field(default_factory=Arrival,
+                                    description="When requests arrive; null with closed_loop, whose users send instead.")
+    prompt_tokens: LengthDist = Field(default_factory=lambda: Fixed(value=128),
+                                      description="Prompt lengths: the prefill work and the KV held on admission.")
+    output_tokens: LengthDist = Field(default_factory=lambda: Fixed(value=128),
+                                      description="Output lengths: decode steps a request occupies a slot.")
+    classes: list[RequestClass] | None = Field(
+        default=None, description="A mixture of tenants/priorities; one anonymous class when omitted."
+    )
+    trace: Trace | None = Field(default=None, description="Replay a trace instead of synthetic traffic.")
+    num_sessions: PosInt | None = Field(
+        default=None, description="Draw each request's session id uniformly from this many sessions "
+        "(for `cluster.router: session_affinity`); every request is its own session when omitted."
+    )
+    max_concurrency: PosInt | None = Field(
+        default=None, description="Client-side cap on requests in flight (vLLM's --max-concurrency): a "
+        "request whose arrival finds this many in flight waits at the client (`client_wait_s`) and is "
+        "sent when one completes or is rejected; its TTFT and E2EL count from the send."
+    )
+    closed_loop: ClosedLoop | None = Field(
+        default=None, description="Closed-loop users instead of an arrival process (set arrival to null): "
+        "num_requests is the total they send, duration_s (if set) stops them sending."
+    )
+    prefix: Prefix | None = Field(
+        default=None, description="Shared system prompt and multi-turn conversations (what prefix caching reuses)."
+    )
+
+    @model_validator(mode="after")
+    def _bounded(self) -> Workload:
+        if self.trace is not None:
+            ignored = [k for k in ("arrival", "prompt_tokens", "output_tokens") if k in self.model_fields_set]
+            ignored += [f"classes.{i}.{k}" for i, c in enumerate(self.classes or [])
+                        for k in ("prompt_tokens", "output_tokens") if getattr(c, k) is not None]
+            if ignored:
+                raise ValueError(f"{', '.join(ignored)} would be ignored: a trace gives arrival times and "
+                                 "lengths; remove them or remove the trace")
+            if self.trace.tenant_column is not None and self.classes:
+                raise ValueError("classes would be ignored: trace.tenant_column gives every request its tenant; "
+                                 "remove classes or remove tenant_column")
+        if self.trace is None and self.num_requests is None and self.duration_s is None:
+            raise ValueError("set num_requests or duration_s, or the workload never ends")
+        if self.arrival is None and self.closed_loop is None:
+            raise ValueError("arrival is null, so nobody sends requests; give an arrival process or closed_loop users")
+        if self.trace is None and self.arrival is not None and math.isinf(self.arrival.rate) and \
+                self.num_requests is None:
+            raise ValueError("rate: inf sends everything at t=0, so num_requests must be set")
+        if self.closed_loop is not None:
+            clash = [k for k in ("trace", "max_concurrency") if k in self.model_fields_set]
+            clash += ["arrival"] if "arrival" in self.model_fields_set and self.arrival is not None else []
+            if clash:
+                raise ValueError(f"closed_loop with {', '.join(clash)}: closed-loop users send when their previous "
+                                 "request ends, so there are no arrival times; remove it (set arrival to null)")
+            if self.num_requests is None:
+                raise ValueError("closed_loop needs num_requests: the users send that many requests in all")
+        if self.prefix is not None:
+            if self.trace is not None:
+                raise ValueError("prefix with a trace: the trace gives every prompt, and says nothing of what they "
+                                 "share; remove prefix or the trace")
+            if self.prefix.multi_turn and self.num_sessions is None:
+                raise ValueError("prefix.multi_turn needs num_sessions: a conversation is a session's requests; "
+                                 "set num_sessions")
+        return self
