@@ -75,7 +75,7 @@ def run_cases(names: list[str], repeats: int) -> dict:
 
 def offered_load(name: str) -> float:
     scenario = CASES[name][1]()
-    if scenario.workload.num_requests > 100_000:
+    if (scenario.workload.num_requests or 0) > 100_000:  # a trace (B7) is as long as its file
         scenario = scenario.model_copy(update={"workload": scenario.workload.model_copy(
             update={"num_requests": 100_000})})
     return expected_stability(scenario, generate(scenario)).offered_load
