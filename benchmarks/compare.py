@@ -83,9 +83,8 @@ while True:
         errors = [(key_path(data, e["loc"]), e) for e in exc.errors()]
         fixable = [p for p, e in errors if e["type"] == "extra_forbidden" and p in droppable]
         if len(fixable) < len(errors):
-            path, e = next((p, e) for p, e in errors if p not in fixable)
-            say(error=f"{'.'.join(map(str, path)) or 'scenario'}: {e['msg']}", workload_only=all(
-                p[:1] == ["workload"] for p, _ in errors))
+            say(error="; ".join(f"{'.'.join(map(str, p)) or 'scenario'}: {e['msg']}" for p, e in errors
+                                if p not in fixable), workload_only=all(p[:1] == ["workload"] for p, _ in errors))
         for path in fixable:
             node = data
             for part in path[:-1]:
@@ -186,10 +185,12 @@ def compare_case(name: str, repeats: int, old_tree: Path, old_python: str, folde
     check = run_side(old_python, old_tree, {**spec, "check_only": True}, folder)
     if "error" in check and check.get("workload_only"):
         traced = as_trace(scenario, folder)
-        if traced is not None:
-            note = f"workload replayed as a trace of its requests on both sides (REV: {check['error']})"
-            spec = traced
-            check = run_side(old_python, old_tree, {**spec, "check_only": True}, folder)
+        if traced is None:
+            return {"error": f"{check['error']} (nor can a trace of its requests say what it says: tenants, "
+                             "priorities, sessions or shared prefixes)"}
+        note = f"workload replayed as a trace of its requests on both sides (REV: {check['error']})"
+        spec = traced
+        check = run_side(old_python, old_tree, {**spec, "check_only": True}, folder)
     if "error" in check:
         return {"error": check["error"]}
     new_runs, old_runs = [], []
@@ -257,7 +258,9 @@ def main() -> None:
              f"(engine built and run) of the same scenario here and at {commit[:7]}, in alternating fresh processes, "
              f"{args.repeats} rounds a case; *here/REV* below 1 is faster here; *with frames*: the median ratio "
              "of the same runs' time to the requests and iterations frames. Load average (1 min) "
-             f"{load_before[0]:.1f} before, {load_after[0]:.1f} after, on {os.cpu_count()} cores.", "",
+             f"{load_before[0]:.1f} before, {load_after[0]:.1f} after, on {os.cpu_count()} cores"
+             + (": a loaded machine, so the ratios are indicative only." if max(load_before[0], load_after[0])
+                > (os.cpu_count() or 1) else "."), "",
              *table(results)]
     print("\n".join(lines[2:]))
     if not args.no_write:
