@@ -61,6 +61,11 @@ try:
         from simbatch.analysis.summary import iterations_frame, requests_frame, summarize
     except ImportError:
         from simbatch.metrics.summary import iterations_frame, requests_frame, summarize
+    try:  # where validation and resolution (presets, num_blocks: auto) are two steps
+        from simbatch.config.resolve import resolve
+    except ImportError:
+        def resolve(scenario):
+            return scenario
 except Exception as exc:
     say(error=f"cannot import its engine: {type(exc).__name__}: {exc}")
 
@@ -77,7 +82,7 @@ def key_path(data, loc):
 data, droppable, dropped = spec["scenario"], [list(p) for p in spec["droppable"]], []
 while True:
     try:
-        scenario = Scenario.model_validate(data)
+        scenario = resolve(Scenario.model_validate(data))
         break
     except pydantic.ValidationError as exc:
         errors = [(key_path(data, e["loc"]), e) for e in exc.errors()]
