@@ -15,12 +15,23 @@ per million token pairs: least-squares fits to one layer's decode- and prefill-a
 for its head layout (32 query, 8 KV heads of 128) on an H100, times 32 layers
 (``../shared/data/hardware/blis_h100_attention_*_kernels.csv``); ~0.03 ms a prompt token for the
 matmuls (16 GFLOP at ~60 % of 989 TFLOP/s).
+
+B7 and B8 are shaped like peer simulators' own workloads (files in ``benchmarks/data``, whose README
+says how each was made). B7 is the continuous-batching chapter's toy scheduler
+(``scenarios/chapter_toy.yaml``) on 5,000 of its requests: one iteration is a second whatever the
+batch, prefill is free, 400 blocks of 16, a 512-token budget, 64 slots. B8 is a 7B model on an A100 as
+a linear step-time model with a 25.5 ms step, 0.96 ms per decoding sequence and 0.1405 ms per prompt
+token, under 2 req/s of Poisson arrivals whose (prompt, output) pairs are resampled from the Azure 2023
+conversation trace, no chunked prefill, 4,134 blocks of 16 (66 k tokens of KV).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from simbatch.config import Scenario
 
+DATA = Path(__file__).resolve().parent / "data"  # absolute: a case's scenario is also run from other folders
 STABLE_RATE = 4.0  # req/s: offered load ~0.7 by the stability check (see `describe`)
 
 
@@ -59,6 +70,40 @@ def conversation(num_requests: int, rate: float = STABLE_RATE, output_scale: flo
     })
 
 
+def chapter_toy() -> Scenario:
+    """B7: the chapter's toy generator scaled to 5,000 requests, replayed on the toy's settings."""
+    return Scenario.model_validate({
+        "name": "bench-chapter-toy",
+        "workload": {"trace": {"path": str(DATA / "chapter_toy_5000.csv"), "timestamp_column": "arrival_s",
+                               "prompt_column": "prompt_tokens", "output_column": "output_tokens"}},
+        "device": {"tau0_ms": 1000, "beta_ms": 0, "prefill_ms_per_token": 0},
+        "kv_cache": {"block_size": 16, "num_blocks": 400},
+        "batching": {"mode": "continuous", "max_num_seqs": 64, "max_num_batched_tokens": 512,
+                     "enable_chunked_prefill": True},
+        "scheduler": {"policy": "fcfs", "preemption": "recompute"},
+    })
+
+
+def azure_conversations() -> Scenario:
+    """B8: Poisson arrivals, (prompt, output) pairs resampled from the Azure 2023 conversation trace."""
+    lengths = str(DATA / "azure_conv_2023_lengths.csv")
+    return Scenario.model_validate({
+        "name": "bench-azure-conv",
+        "seed": 1,
+        "workload": {
+            "num_requests": 5000,
+            "arrival": {"process": "poisson", "rate": 2.0},
+            # One file for both: each request is one observed pair (simbatch.workload.lengths.paired).
+            "prompt_tokens": {"dist": "empirical", "path": lengths, "column": "ContextTokens", "max": 2048},
+            "output_tokens": {"dist": "empirical", "path": lengths, "column": "GeneratedTokens", "max": 1024},
+        },
+        "device": {"tau0_ms": 25.5, "beta_ms": 0.96, "prefill_ms_per_token": 0.1405},
+        "kv_cache": {"block_size": 16, "num_blocks": 4134},
+        "batching": {"mode": "continuous", "max_num_seqs": 256, "max_num_batched_tokens": 8192,
+                     "enable_chunked_prefill": False},
+    })
+
+
 # name -> (description, scenario factory, target seconds or None)
 CASES = {
     "B1": ("10k requests, stable load (rho ~0.7), continuous + chunked prefill",
@@ -76,4 +121,8 @@ CASES = {
            lambda: conversation(10_000, device=H100_LLAMA3_8B), None),
     "B6": ("B1's device, rate and answers as a chat service: multi-turn conversations, with prefix caching",
            lambda: conversation(10_000, prefix_caching=True), None),
+    "B7": ("the chapter's toy scheduler on 5,000 of its requests: 1 s iterations, 400 blocks, budget 512",
+           chapter_toy, None),
+    "B8": ("5,000 Poisson arrivals at 2 req/s, Azure 2023 conversation (prompt, output) pairs, no chunking",
+           azure_conversations, None),
 }

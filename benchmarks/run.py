@@ -2,6 +2,8 @@
 
 Every case runs ``--repeats`` times, each in a fresh Python process; the report gives medians.
 ``python -m benchmarks.run B1 B3 --repeats 3`` runs a subset (and does not rewrite the report).
+``python -m benchmarks.compare REV [CASES...]`` runs the cases here and at another commit, side by side
+(see its docstring); the report keeps the sections it writes.
 """
 
 from __future__ import annotations
@@ -22,6 +24,17 @@ from simbatch.analysis.capacity import expected_stability
 from simbatch.workload import generate
 
 REPORT = Path(__file__).with_name("results.md")
+COMPARED = "## Compared with"  # sections written by benchmarks.compare, which this report keeps
+
+
+def sections(text: str) -> list[list[str]]:
+    """The report's lines cut before each ``## `` heading: what precedes the first, then each section."""
+    parts: list[list[str]] = [[]]
+    for line in text.splitlines():
+        if line.startswith("## "):
+            parts.append([])
+        parts[-1].append(line)
+    return parts
 
 
 def calibration_s() -> float:
@@ -75,7 +88,7 @@ def run_cases(names: list[str], repeats: int) -> dict:
 
 def offered_load(name: str) -> float:
     scenario = CASES[name][1]()
-    if scenario.workload.num_requests > 100_000:
+    if (scenario.workload.num_requests or 0) > 100_000:  # a trace (B7) is as long as its file
         scenario = scenario.model_copy(update={"workload": scenario.workload.model_copy(
             update={"num_requests": 100_000})})
     return expected_stability(scenario, generate(scenario)).offered_load
@@ -147,7 +160,9 @@ def write_report(results: dict, repeats: int, calibration: tuple[float, float]) 
               "*longest queue* is the most requests waiting at once.",
               "B1-reference steps one iteration at a time; fast-forward gives the same frames (tests/test_fast_forward.py).",
               ""]
-    REPORT.write_text("\n".join(lines))
+    kept = [part for part in sections(REPORT.read_text(encoding="utf-8") if REPORT.exists() else "")
+            if part and part[0].startswith(COMPARED)]
+    REPORT.write_text("\n".join(lines + [line for part in kept for line in part]) + ("\n" if kept else ""))
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ from test_cli import REPO, SCENARIOS, invoke, write_scenario
 from simbatch import __version__
 from simbatch.analysis.stats import describe_ms
 from simbatch.analysis.summary import itl_sample
-from simbatch.app import results
+from simbatch.app import plots, results, webreport
 from simbatch.app.results import file_sha256, safe_name
 from simbatch.app.text import printable, spreadsheet_safe
 
@@ -27,17 +27,17 @@ def _no_parquet_no_plots(monkeypatch):
     """These tests are about folders and numbers; drawing is a second a run, and tested on its own
     (the plots in test_plots_*, the report in test_webreport): here the report is an empty file."""
     monkeypatch.setattr(results, "parquet_available", lambda: False)
-    monkeypatch.setattr(results.plots, "save_run_plots", lambda folder, result: [])
-    monkeypatch.setattr(results, "write_report", lambda path, runs, title: path.write_text(""))
+    monkeypatch.setattr(plots, "save_run_plots", lambda folder, result: [])
+    monkeypatch.setattr(webreport, "write_report", lambda path, runs, title: path.write_text(""))
 
 
-DRAW_REPORT = results.write_report
+DRAW_REPORT = webreport.write_report
 
 
 @pytest.fixture
 def drawn_report(monkeypatch):
     """The real report, for the runs with hostile names: those must come out of it drawn too."""
-    monkeypatch.setattr(results, "write_report", DRAW_REPORT)
+    monkeypatch.setattr(webreport, "write_report", DRAW_REPORT)
 
 
 def _run(*args) -> None:

@@ -145,6 +145,42 @@ def test_empirical_resamples_the_column(tmp_path):
     assert abs((x == 70).mean() - 1 / 3) < 5 * math.sqrt(2 / 9 / N)
 
 
+def test_empirical_clips_at_max(tmp_path):
+    write(tmp_path / "lens.csv", "tokens\n10\n20\n70\n")
+    x = lengths({"dist": "empirical", "path": "lens.csv", "column": "tokens", "max": 25}, tmp_path=tmp_path)
+    assert set(np.unique(x)) == {10, 20, 25}
+
+
+PAIRS = "prompt,output\n10,1\n20,2\n\n70,7\n30,3\n"  # every row's output is a tenth of its prompt
+
+
+def paired_workload(tmp_path: Path, output_path: str = "pairs.csv", **extra) -> WorkloadArrays:
+    write(tmp_path / "pairs.csv", PAIRS)
+    write(tmp_path / "copy.csv", PAIRS)
+    return generate(scenario(tmp_path, num_requests=2000, **{
+        "prompt_tokens": {"dist": "empirical", "path": "pairs.csv", "column": "prompt"},
+        "output_tokens": {"dist": "empirical", "path": output_path, "column": "output"}, **extra}))
+
+
+def test_prompt_and_output_from_one_file_are_resampled_as_pairs(tmp_path):
+    w = paired_workload(tmp_path)
+    assert np.array_equal(w.output_tokens * 10, w.prompt_tokens)
+    assert set(np.unique(w.prompt_tokens)) == {10, 20, 30, 70}
+    # The prompts are drawn as they were without pairing; only the outputs follow them.
+    assert np.array_equal(paired_workload(tmp_path, "copy.csv").prompt_tokens, w.prompt_tokens)
+
+
+def test_pairs_hold_per_class_and_files_apart_are_drawn_apart(tmp_path):
+    classes = [{"name": "a"}, {"name": "b", "output_tokens": {"dist": "empirical", "path": "copy.csv",
+                                                               "column": "output"}}]
+    w = paired_workload(tmp_path, classes=classes)
+    a = w.tenant == 0
+    assert a.any() and (~a).any()
+    assert np.array_equal(w.output_tokens[a] * 10, w.prompt_tokens[a])
+    # Two files are two independent resamplings: about a quarter of the pairs match by chance.
+    assert 0.15 < np.mean(w.output_tokens[~a] * 10 == w.prompt_tokens[~a]) < 0.35
+
+
 @pytest.mark.parametrize(
     ("text", "line", "fragments"),
     [

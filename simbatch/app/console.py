@@ -4,7 +4,10 @@ A command reports Ctrl-C and SIGTERM as "interrupted" (exit 130 or 143) after re
 was writing (:func:`simbatch.app.cli.common.reports_bad_input`). Before a command starts, Python is
 importing the machinery for the good part of a second, and a signal then is the same interruption,
 not a traceback from the middle of an import nor a silent death by SIGTERM: this module, which
-imports nothing heavy, takes SIGTERM first and imports the command line after.
+imports nothing heavy, takes SIGTERM first and imports the command line after. Ctrl-C, until the
+command starts (and Python's own KeyboardInterrupt takes over), raises :class:`Interrupted`: the
+command modules import their machinery when they run, so most of the start-up is typer parsing the
+command line, and typer would end a KeyboardInterrupt there with exit 130 and not a word.
 """
 
 from __future__ import annotations
@@ -12,16 +15,17 @@ from __future__ import annotations
 import signal
 import sys
 
-from simbatch.app.errors import Terminated, raise_terminated
+from simbatch.app.errors import Interrupted, Terminated, raise_interrupted, raise_terminated
 
 
 def main() -> None:
     signal.signal(signal.SIGTERM, raise_terminated)
+    signal.signal(signal.SIGINT, raise_interrupted)
     try:
         from simbatch.app.cli import app
 
         app()
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Interrupted):
         sys.stderr.write("interrupted\n")
         sys.exit(128 + signal.SIGINT)
     except Terminated:

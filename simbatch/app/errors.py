@@ -16,3 +16,13 @@ class Terminated(BaseException):
 def raise_terminated(signum, frame) -> None:
     """A SIGTERM handler: raise :class:`Terminated` where the main thread is."""
     raise Terminated
+
+
+class Interrupted(BaseException):
+    """Ctrl-C before a command has started (:mod:`simbatch.app.console`): not a KeyboardInterrupt, which
+    typer, parsing the command line then, would turn into a silent exit 130 instead of reporting it."""
+
+
+def raise_interrupted(signum, frame) -> None:
+    """The SIGINT handler until a command starts: raise :class:`Interrupted` where the main thread is."""
+    raise Interrupted

@@ -46,13 +46,14 @@ import pandas as pd
 import yaml
 
 from simbatch import __version__
-from simbatch.app import plots
 from simbatch.app.errors import OutputError  # noqa: F401 - raised here, caught by the command line
 from simbatch.app.text import spreadsheet_safe_frame
-from simbatch.app.webreport import write_report
 from simbatch.config import Scenario
 from simbatch.observe.perfetto import TraceObserver, write_trace
 from simbatch.simulation import Result
+
+# The plots and the report (matplotlib, bokeh) are imported where a folder gets them: `run --no-plots`
+# and the sweep's points write none and import neither.
 
 RESULTS_ROOT = Path("results")
 _NAME_LENGTH = 64
@@ -296,6 +297,9 @@ def write_run(folder: Path, result: Result, unique: bool = False, with_plots: bo
         if trace is not None:
             write_trace(target.tmp / "trace.json", result, trace)
         if with_plots:
+            from simbatch.app import plots
+            from simbatch.app.webreport import write_report
+
             (target.tmp / "plots").mkdir()
             plots.save_run_plots(target.tmp / "plots", result)
             sc = result.scenario
@@ -314,6 +318,9 @@ def write_compare(folder: Path, results: Mapping[str, Result], unique: bool = Fa
             (tmp / mode).mkdir()
             _write_run_files(tmp / mode, result)
         if with_plots:
+            from simbatch.app import plots
+            from simbatch.app.webreport import write_report
+
             (tmp / "plots").mkdir()
             plots.save_compare_plots(tmp / "plots", results)
             write_report(tmp / "report.html", results,

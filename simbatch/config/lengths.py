@@ -87,11 +87,16 @@ class Zipf(_Model):
 
 
 class Empirical(_Model):
-    """Resample (with replacement) a column of a CSV file; the path is relative to the scenario file."""
+    """Resample (with replacement) a column of a CSV file; the path is relative to the scenario file.
+
+    When a workload's (or a class's) prompt and output lengths both resample the same file, each
+    request takes both from one row: observed (prompt, output) pairs, their correlation kept.
+    """
 
     dist: Literal["empirical"]
     path: Path = Field(description="CSV file.")
     column: str = Field(description="Column holding positive integer lengths.")
+    max: Tokens | None = Field(default=None, description="Cap, tokens (lengths above it are clipped).")
 
 
 class Random(_Model):

@@ -20,7 +20,7 @@ from simbatch.config import RequestClass, Scenario
 from simbatch.model import streams
 from simbatch.model.clock import snap_s
 from simbatch.workload.arrivals import arrival_times
-from simbatch.workload.lengths import sample_lengths
+from simbatch.workload.lengths import paired, sample_lengths
 from simbatch.workload.prefix import OWN_STREAM, apply_prefix
 from simbatch.workload.trace import load_trace
 
@@ -83,12 +83,20 @@ def _lengths_by_class(scenario: Scenario, classes: list[RequestClass], class_idx
         mine = class_idx == i
         if not mine.any():
             continue
-        own = getattr(cls, field)
-        dist = own if own is not None else getattr(scenario.workload, field)
-        where = f"workload.classes.{i}.{field}" if own is not None else f"workload.{field}"
-        draws = sample_lengths(dist, n, streams.rng(scenario.seed, stream, i), scenario, where=where)
+        dist = _length_dist(scenario, cls, field)
+        where = f"workload.classes.{i}.{field}" if getattr(cls, field) is not None else f"workload.{field}"
+        # Outputs resampled from the prompts' file take the prompts' rows: the prompts' stream draws them.
+        pairs = field == "output_tokens" and paired(_length_dist(scenario, cls, "prompt_tokens"), dist, scenario)
+        rng = streams.rng(scenario.seed, streams.PROMPT_TOKENS if pairs else stream, i)
+        draws = sample_lengths(dist, n, rng, scenario, where=where)
         out[mine] = draws[mine]
     return out
+
+
+def _length_dist(scenario: Scenario, cls: RequestClass, field: str):
+    """A class's own ``field`` distribution, or the workload's."""
+    own = getattr(cls, field)
+    return own if own is not None else getattr(scenario.workload, field)
 
 
 def generate(scenario: Scenario) -> WorkloadArrays:

@@ -84,13 +84,29 @@ def _zipf(dist: Zipf, n: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def _empirical(dist: Empirical, n: int, rng: np.random.Generator, scenario: Scenario, where: str) -> np.ndarray:
-    """Lengths as observed: resample a measured column with replacement (a bootstrap of the traffic)."""
+    """Lengths as observed: resample a measured column with replacement (a bootstrap of the traffic).
+
+    The rows drawn depend only on ``rng`` and the file's number of rows, not on the column, which is
+    what lets a prompt and an output column of one file be drawn as pairs (see :func:`paired`).
+    """
     path: Path = scenario.resolve(dist.path)
     frame = csvfile.read_table(path, f"{where}.path")
     raw = csvfile.column(frame, dist.column, path, f"{where}.column")
     observed = csvfile.positive_ints(raw, path, f"{where}.path",
                                      "fix or delete that row, or point column at token counts")
-    return observed[rng.integers(0, len(observed), size=n)]
+    drawn = observed[rng.integers(0, len(observed), size=n)]
+    return drawn if dist.max is None else np.minimum(drawn, dist.max)
+
+
+def paired(prompt: LengthDist, output: LengthDist, scenario: Scenario) -> bool:
+    """Whether prompt and output lengths resample one file, and so are drawn a row at a time, as pairs.
+
+    Real prompts and outputs are not independent (a long document asks for a long summary, a code
+    completion gets a short answer); resampling the two columns of one trace separately would
+    replace its pairs by the product of its marginals.
+    """
+    return (isinstance(prompt, Empirical) and isinstance(output, Empirical)
+            and scenario.resolve(prompt.path) == scenario.resolve(output.path))
 
 
 _SAMPLERS: dict[str, Callable[..., np.ndarray]] = {

@@ -22,7 +22,6 @@ from typing import Annotated
 import typer
 
 from simbatch.app.cli.common import BadInput
-from simbatch.config import LATENCY_METRICS
 
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
 
@@ -87,6 +86,8 @@ def bench_overrides(request_rate: str | None = None, burstiness: float | None = 
                     percentile_metrics: str | None = None, metric_percentiles: str | None = None,
                     goodput: list[str] | None = None) -> list[str]:
     """The scenario overrides these flags stand for, in ``--set`` syntax (None: flag not given)."""
+    from simbatch.config import LATENCY_METRICS
+
     out = []
     if request_rate is not None:
         out.append(f"workload.arrival.rate={_number('--request-rate', request_rate, 'rate')!r}")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from pydantic import ValidationError
 
 from simbatch.app.cli.common import FORCE_OPT, BadInput, reports_bad_input
-from simbatch.config import Device, guard
-from simbatch.config.loading import load_scenario
+
+if TYPE_CHECKING:
+    from simbatch.config import Device
 
 
 def _flag(name: str) -> str:
@@ -19,6 +20,10 @@ def _flag(name: str) -> str:
 
 def _device(base: Device, given: dict[str, float | None]) -> Device:
     """``base`` with the given flags applied, validated like a scenario's ``device`` section."""
+    from pydantic import ValidationError
+
+    from simbatch.config import Device
+
     try:
         return Device.model_validate(base.model_dump() | {k: v for k, v in given.items() if v is not None})
     except ValidationError as exc:
@@ -86,6 +91,8 @@ def capacity(
     """
     from simbatch.analysis.capacity import expected_stability, stability
     from simbatch.app import report
+    from simbatch.config import Device, guard
+    from simbatch.config.loading import load_scenario
     from simbatch.workload import generate
 
     for flag, value in (("--max-num-seqs", max_num_seqs), ("--rate", rate),

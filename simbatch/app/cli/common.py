@@ -17,14 +17,18 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import typer
 
 from simbatch.app.errors import OutputError, Terminated, raise_terminated
 from simbatch.app.text import printable
-from simbatch.config import Scenario
-from simbatch.config.guard import TooLarge
-from simbatch.config.loading import ScenarioError
+
+if TYPE_CHECKING:
+    from simbatch.config import Scenario
+
+# The command modules import the schema (pydantic), the simulator, the frames and the plots inside their
+# command functions, when one runs: `simbatch --help` and a command's --help build none of them.
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130, as a shell reports a command stopped by Ctrl-C
@@ -40,15 +44,17 @@ class BadInput(Exception):
 
 @contextlib.contextmanager
 def _sigterm_raises() -> Iterator[None]:
-    """SIGTERM raises :class:`Terminated` while the command runs (only the main thread can set a handler)."""
+    """SIGTERM raises :class:`Terminated` and Ctrl-C Python's own KeyboardInterrupt while the command runs
+    (replacing :mod:`simbatch.app.console`'s start-up handler; only the main thread can set a handler)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    previous = signal.signal(signal.SIGTERM, raise_terminated), signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
 
 
 class _QuietWhenClosed:
@@ -94,6 +100,10 @@ def reports_bad_input(command: Callable) -> Callable:
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
+        # Before the try, so that the handlers below can name them (an interruption here reaches console.main).
+        from simbatch.config.guard import TooLarge
+        from simbatch.config.loading import ScenarioError
+
         stdout = sys.stdout
         sys.stdout = guarded = _QuietWhenClosed(stdout)
         try:

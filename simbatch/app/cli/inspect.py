@@ -10,14 +10,14 @@ import typer
 from simbatch.app.cli.common import FORCE_OPT, reports_bad_input, warn
 from simbatch.app.cli.run import SCENARIO_ARG, SET_OPT
 from simbatch.app.text import printable
-from simbatch.config import Scenario, guard
-from simbatch.config.loading import load_scenario
 
 
 @reports_bad_input
 def validate(scenario_file: Path = SCENARIO_ARG, sets: list[str] = SET_OPT, force: bool = FORCE_OPT) -> None:
     """Check a scenario, and the data files it reads, without simulating it."""
     from simbatch.analysis.capacity import expected_stability
+    from simbatch.config import guard
+    from simbatch.config.loading import load_scenario
     from simbatch.workload import generate
 
     scenario = load_scenario(scenario_file, sets)
@@ -32,4 +32,6 @@ def validate(scenario_file: Path = SCENARIO_ARG, sets: list[str] = SET_OPT, forc
 @reports_bad_input
 def schema() -> None:
     """Print the JSON Schema of a scenario file (point your editor's YAML support at it)."""
+    from simbatch.config import Scenario
+
     typer.echo(json.dumps(Scenario.model_json_schema(), indent=2))

@@ -9,8 +9,6 @@ import typer
 from simbatch.app.cli.common import FORCE_OPT, BadInput, overrides, reports_bad_input
 from simbatch.app.cli.run import SCENARIO_ARG, SET_OPT
 from simbatch.app.text import printable
-from simbatch.config import guard
-from simbatch.config.loading import load_scenario
 
 GPUS_OPT = typer.Option(..., "--gpus", metavar="N", help="Replicas to split between the pools (>= 2).")
 PLACEMENT_OUT_OPT = typer.Option(None, "--out", metavar="DIR",
@@ -26,6 +24,8 @@ def placement(scenario_file: Path = SCENARIO_ARG, gpus: int = GPUS_OPT, sets: li
     from simbatch.app.plots.disaggregated import placement as placement_plot
     from simbatch.app.plots.figure import save_figure
     from simbatch.app.sweep.placement import best, closed_form_best, placement_search
+    from simbatch.config import guard
+    from simbatch.config.loading import load_scenario
 
     scenario = load_scenario(scenario_file, overrides(sets))
     if scenario.cluster.disaggregated is None:

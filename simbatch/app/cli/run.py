@@ -19,16 +19,20 @@ from simbatch.app.cli.bench_flags import (
 )
 from simbatch.app.cli.common import FORCE_OPT, BadInput, overrides, progress, reports_bad_input, warn
 from simbatch.app.text import printable
-from simbatch.config import Batching, Scenario, guard
-from simbatch.config.loading import load_scenario
 
 if TYPE_CHECKING:
+    from simbatch.config import Scenario
     from simbatch.simulation import Result
 
-# Commands import the simulator, the frames and the plots when they run, so that `simbatch --help`
-# costs neither NumPy, pandas, SimPy nor matplotlib.
+# Commands import the schema, the simulator, the frames and the plots when they run, so that
+# `simbatch --help` costs neither pydantic, NumPy, pandas, SimPy nor matplotlib.
 
-MODES: tuple[str, ...] = get_args(Batching.model_fields["mode"].annotation)
+
+def batching_modes() -> tuple[str, ...]:
+    """The batching modes the schema accepts."""
+    from simbatch.config import Batching
+
+    return get_args(Batching.model_fields["mode"].annotation)
 
 SCENARIO_ARG = typer.Argument(..., metavar="SCENARIO.yaml", help="The scenario file (see `simbatch schema`).",
                               show_default=False)
@@ -89,6 +93,8 @@ def run(scenario_file: Path = SCENARIO_ARG,
     """
     from simbatch.analysis.capacity import expected_stability
     from simbatch.app import report, results
+    from simbatch.config import guard
+    from simbatch.config.loading import load_scenario
     from simbatch.hardware.report import preset_block
     from simbatch.workload import generate
 
@@ -122,11 +128,11 @@ def run(scenario_file: Path = SCENARIO_ARG,
 
 def parse_modes(text: str) -> list[str]:
     """``"static,continuous"`` -> ["static", "continuous"], or BadInput naming what is wrong."""
-    modes = [m.strip() for m in text.split(",") if m.strip()]
-    unknown = [m for m in modes if m not in MODES]
+    modes, known = [m.strip() for m in text.split(",") if m.strip()], batching_modes()
+    unknown = [m for m in modes if m not in known]
     if unknown or not modes:
         what = f"{unknown[0]!r} is not a batching mode" if unknown else "no mode given"
-        raise BadInput(f"--modes {text!r}: {what}; give a comma-separated list of {', '.join(MODES)}")
+        raise BadInput(f"--modes {text!r}: {what}; give a comma-separated list of {', '.join(known)}")
     if len(set(modes)) < len(modes):
         raise BadInput(f"--modes {text!r}: a mode is listed twice; list each once")
     return modes
@@ -165,6 +171,8 @@ def compare(sources: list[Path] = SOURCES_ARG,
     from simbatch.analysis.capacity import expected_stability
     from simbatch.app import report, results
     from simbatch.app.compare import CompareInputError, shares_workload, variants
+    from simbatch.config import guard
+    from simbatch.config.loading import load_scenario
     from simbatch.workload import generate
 
     say = (lambda text: None) if quiet else typer.echo
@@ -182,7 +190,7 @@ def compare(sources: list[Path] = SOURCES_ARG,
         axes = list(vary or [])
         if modes is not None or not (axes or variant):
             # --modes is --vary batching.mode=..., and with nothing else to vary, every mode.
-            axes.append("batching.mode=" + ",".join(parse_modes(modes or ",".join(MODES))))
+            axes.append("batching.mode=" + ",".join(parse_modes(modes or ",".join(batching_modes()))))
         columns = variants(axes, variant or [])
     except CompareInputError as exc:
         raise BadInput(str(exc)) from None

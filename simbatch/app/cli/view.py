@@ -10,16 +10,18 @@ Ctrl-C stops the server at once.
 from __future__ import annotations
 
 import functools
-import http.server
 import os
 import sys
-import webbrowser
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from simbatch.app.cli.common import BadInput, reports_bad_input
 from simbatch.app.text import printable
+
+if TYPE_CHECKING:
+    import http.server
 
 POLL_S = 0.25  # how often the server checks that it should stop (Ctrl-C itself interrupts at once)
 
@@ -29,11 +31,6 @@ def has_display() -> bool:
     if not sys.platform.startswith("linux"):
         return True
     return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format, *args) -> None:  # noqa: A002 - the signature http.server calls
-        """No line per request: the terminal shows the URL and nothing else."""
 
 
 def serve_until_stopped(server: http.server.HTTPServer, what: str, path: str) -> None:
@@ -50,6 +47,12 @@ def serve_until_stopped(server: http.server.HTTPServer, what: str, path: str) ->
 
 def serve(folder: Path) -> None:
     """Serve ``folder`` on 127.0.0.1 at a free port until Ctrl-C; print the report's URL first."""
+    import http.server  # here, not at the top: `simbatch --help` lists this command without a web server
+
+    class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, format, *args) -> None:  # noqa: A002 - the signature http.server calls
+            """No line per request: the terminal shows the URL and nothing else."""
+
     handler = functools.partial(_QuietHandler, directory=str(folder))
     serve_until_stopped(http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler), printable(folder), "report.html")
 
@@ -62,6 +65,8 @@ NO_BROWSER_OPT = typer.Option(False, "--no-browser", help="Serve the folder on 1
 @reports_bad_input
 def view(folder: Path = FOLDER_ARG, no_browser: bool = NO_BROWSER_OPT) -> None:
     """Open a result folder's report.html in a browser, or serve it on localhost and print the URL."""
+    import webbrowser
+
     report = folder / "report.html"
     if not report.is_file():
         raise BadInput(f"{printable(folder)}: no report.html there; give a folder written by simbatch run or "
