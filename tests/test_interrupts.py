@@ -36,9 +36,10 @@ def _signalled(args: list[str], cwd: Path, signum: int, after_s: float = 1.5,
     took to exit after the signal."""
     process = subprocess.Popen([str(SIMBATCH), *args], cwd=cwd, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_reaches_the_child)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 180  # a loaded machine starts a sweep's workers slowly
     while started is not None and not started.exists() and time.monotonic() < deadline and process.poll() is None:
         time.sleep(0.05)
+    assert started is None or started.exists(), "the command never got started"
     time.sleep(after_s)
     assert process.poll() is None, "the command ended before it was signalled"
     sent = time.monotonic()

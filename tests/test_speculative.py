@@ -12,7 +12,13 @@ import pytest
 from builders import Driver, at_once, fixed, make_scenario, req, tokens
 
 from simbatch.config import Speculative
-from simbatch.features.speculative import AcceptanceStream, expected_tokens_per_step, speedup, step_ms
+from simbatch.features.speculative import (
+    AcceptanceStream,
+    SpeculativeDecoding,
+    expected_tokens_per_step,
+    speedup,
+    step_ms,
+)
 from simbatch.model.cost import LinearCost
 from simbatch.simulation import simulate
 
@@ -56,7 +62,9 @@ def test_a_decode_verifies_its_drafts_and_emits_the_accepted_ones_plus_one(spec_
     # Token 7 and 3 drafts: 4 tokens of the budget, slots up to token 10 (3 blocks).
     plan, out = d.run()
     assert tokens(plan) == {0: 4} and r.blocks == 3
-    assert (plan.decode_seqs, plan.draft_tokens, plan.draft_steps, plan.spec_seqs, plan.spec_kv_tokens) == (1, 3, 3, 1, 6)
+    assert (plan.decode_seqs, plan.draft_tokens) == (1, 3)
+    # The drafter: 3 sequential passes over the one speculating sequence and its 6 cached tokens.
+    assert SpeculativeDecoding(d.sched.scenario).step_ms(plan) == pytest.approx(3 * 2.0)
     # One draft accepted: 2 tokens, in one chunk (one gap); the 2 rejected slots roll back, the block stays.
     assert (r.num_computed_tokens, r.num_generated, r.blocks) == (8, 3, 3) and out.itl_tokens == 1
     # All 3 accepted (the draw was 5, capped at the 3 proposed): 4 tokens, no new block (12 slots).
@@ -64,7 +72,7 @@ def test_a_decode_verifies_its_drafts_and_emits_the_accepted_ones_plus_one(spec_
     assert tokens(plan) == {0: 4} and (r.num_computed_tokens, r.num_generated, r.blocks) == (12, 7, 3)
     # One token left to emit: no drafts past it, a plain decode that draws nothing.
     plan, out = d.run()
-    assert tokens(plan) == {0: 1} and plan.draft_tokens == plan.spec_seqs == 0 and out.finished == [r]
+    assert tokens(plan) == {0: 1} and plan.draft_tokens == 0 and plan.slices == [] and out.finished == [r]
     assert (r.num_generated, r.acceptance.used) == (8, 2)
     assert (r.num_drafts, r.num_draft_tokens, r.num_accepted_tokens) == (2, 6, 4)
     assert d.sched.kv.device.num_free == 64
@@ -92,7 +100,8 @@ def test_drafts_leave_every_later_decode_its_verified_token(spec_driver):
     d.run()
     plan, out = d.run()
     assert tokens(plan) == {0: 5, 1: 2, 2: 1}
-    assert (plan.draft_tokens, plan.draft_steps, plan.spec_seqs, plan.decode_seqs) == (5, 4, 2, 3)
+    assert (plan.draft_tokens, plan.decode_seqs, len(plan.slices)) == (5, 3, 2)  # two decodes speculate
+    assert SpeculativeDecoding(d.sched.scenario).step_ms(plan) == pytest.approx(4 * 2.0)  # the most drafts: 4
     assert [r.num_generated for r in rs] == [2, 2, 2] and out.itl_tokens == 3
 
 
@@ -140,11 +149,14 @@ def test_the_step_costs_the_drafts_at_gamma_and_the_drafter_per_pass(spec_driver
     d.add(r)
     d.run()
     plan = d.plan()
-    cost = LinearCost.of(d.sched.scenario.device)
-    assert cost.plan_ns(plan) == 17_300_000  # 10 + 1 + 0.1 x 3 + 3 x 2 ms
-    fraction = LinearCost.of(make_scenario(device__speculative=spec(draft_cost_fraction=0.5)).device)
-    assert fraction.plan_ns(plan) == 27_800_000  # 10 + 1 + 0.3 + 3 x 0.5 x (10 + 1) ms
-    assert step_ms(cost, 1, 3) == pytest.approx(17.3) and step_ms(fraction, 1, 3) == pytest.approx(27.8)
+    scenario = d.sched.scenario
+    cost, drafter = LinearCost.of(scenario.device), SpeculativeDecoding(scenario)
+    assert cost.plan_ns(plan, drafter.step_ms(plan)) == 17_300_000  # 10 + 1 + 0.1 x 3 + 3 x 2 ms
+    assert cost.plan_ns(plan) == 11_300_000  # the target's verification alone
+    by_fraction = make_scenario(device__speculative=spec(draft_cost_fraction=0.5))
+    assert cost.plan_ns(plan, SpeculativeDecoding(by_fraction).step_ms(plan)) == 27_800_000  # + 3 x 0.5 x (10 + 1)
+    assert step_ms(cost, 1, 3, spec=scenario.device.speculative) == pytest.approx(17.3)
+    assert step_ms(cost, 1, 3, spec=by_fraction.device.speculative) == pytest.approx(27.8)
     d.finish(plan)
 
 
@@ -223,7 +235,7 @@ def test_the_stability_check_charges_a_token_the_speculating_step_over_e():
                  batching__max_num_seqs=8, batching__max_num_batched_tokens=512, kv_cache__num_blocks=10_000)
     cost, e = LinearCost.of(sc.device), expected_tokens_per_step(4, 0.8)
     check = stability(sc.device, 8, 1.0, 4000)
-    assert check.capacity_tokens_per_s == pytest.approx(8 * e / step_ms(cost, 8, 4) * 1e3)
+    assert check.capacity_tokens_per_s == pytest.approx(8 * e / step_ms(cost, 8, 4, spec=sc.device.speculative) * 1e3)
     run = simulate(sc)
     it = run.iterations
     full = it[(it["prefill_tokens"] == 0) & (it["batch_size"] == 8)]
@@ -246,7 +258,7 @@ def test_the_capacity_table_shows_the_speculating_step():
 
     device = make_scenario(device__speculative=spec(k=4, alpha=0.8), device__beta_ms=0.1).device
     row = next(line.split() for line in capacity_table(device, 8).splitlines() if line.split()[:1] == ["8"])
-    tau = step_ms(LinearCost.of(device), 8, 4)  # 10 + 0.8 + 0.1 x 32 + 4 x 2 = 22 ms
+    tau = step_ms(LinearCost.of(device), 8, 4, spec=device.speculative)  # 10 + 0.8 + 0.1 x 32 + 4 x 2 = 22 ms
     assert tau == pytest.approx(22.0) and row[1] == "22.00"
     assert float(row[2].replace(",", "")) == pytest.approx(8 * expected_tokens_per_step(4, 0.8) / tau * 1e3, abs=0.01)
 

@@ -156,7 +156,7 @@ def token_step_s(device: Device, batch_size: float, context_tokens: float = 0.0)
     (:func:`simbatch.features.speculative.tokens_per_step`)."""
     spec = device.speculative
     k, tokens = (spec.num_speculative_tokens, speculative.tokens_per_step(spec)) if spec else (0, 1.0)
-    return speculative.step_ms(LinearCost.of(device), batch_size, k, context_tokens) / 1e3 / tokens
+    return speculative.step_ms(LinearCost.of(device), batch_size, k, context_tokens, spec) / 1e3 / tokens
 
 
 def stability(device: Device, batch_size: int, arrival_rate: float, mean_output_tokens: float,

@@ -115,6 +115,7 @@ import pandas as pd
 from simbatch.analysis.fleet import busy_s, cluster_summary
 from simbatch.analysis.stats import describe_ms
 from simbatch.config import Scenario, replica_scenarios
+from simbatch.features import feature_classes
 from simbatch.model.request import OUTCOMES, Outcome
 from simbatch.observe.recorder import Recorder
 from simbatch.workload import WorkloadArrays
@@ -165,10 +166,9 @@ def requests_frame(wl: WorkloadArrays, rec: Recorder) -> pd.DataFrame:
         "waiting_s": rec.waiting_s[idx],
         "client_wait_s": rec.client_wait_s[idx],
     }, copy=False)
-    if rec.speculative:
-        at = frame.columns.get_loc("num_cached_tokens") + 1
-        for offset, column in enumerate(("num_drafts", "num_draft_tokens", "num_accepted_tokens")):
-            frame.insert(at + offset, column, getattr(rec, column)[idx])
+    at = frame.columns.get_loc("num_cached_tokens") + 1
+    for offset, (name, column) in enumerate(rec.columns.items()):  # the features' (simbatch.features)
+        frame.insert(at + offset, name, column[idx])
     if rec.disaggregated:
         frame["decode_replica"] = rec.decode_replica[idx]
         frame["decode_queue_s"] = rec.decode_queue_s[idx]
@@ -280,8 +280,8 @@ def summarize(scenario: Scenario, requests: pd.DataFrame, iterations: pd.DataFra
         out["prefix_cache_hits"] = int(requests["num_cached_tokens"].to_numpy()[admitted].sum())
         queries = out["prefix_cache_queries"]
         out["prefix_cache_hit_rate"] = out["prefix_cache_hits"] / queries if queries else math.nan
-    if any(s.device.speculative is not None for s in replica_scenarios(scenario)):
-        out |= spec_decode_summary(requests)
+    for feature in feature_classes(replica_scenarios(scenario)):
+        out |= feature.summary(requests)
     pools = scenario.cluster.disaggregated
     out |= cluster_summary(requests, iterations, duration, replicas, None if pools is None else pools.prefill.count)
     out |= tenant_summary(requests, duration)
@@ -319,17 +319,6 @@ def pool_summary(scenario: Scenario, done: pd.DataFrame, iterations: pd.DataFram
     out |= describe_ms("decode_queue", done["decode_queue_s"].to_numpy())
     out |= describe_ms("kv_transfer", done["kv_transfer_s"].to_numpy())
     return out
-
-
-def spec_decode_summary(requests: pd.DataFrame) -> dict[str, float]:
-    """With speculative decoding, vLLM's ``spec_decode_*`` keys over every request (module docstring)."""
-    drafts = int(requests["num_drafts"].sum())
-    draft_tokens = int(requests["num_draft_tokens"].sum())
-    accepted = int(requests["num_accepted_tokens"].sum())
-    return {"spec_decode_num_drafts": drafts, "spec_decode_num_draft_tokens": draft_tokens,
-            "spec_decode_num_accepted_tokens": accepted,
-            "spec_decode_acceptance_rate": accepted / draft_tokens if draft_tokens else math.nan,
-            "spec_decode_mean_acceptance_length": 1 + accepted / drafts if drafts else math.nan}
 
 
 def tenant_summary(requests: pd.DataFrame, duration_s: float) -> dict[str, float]:

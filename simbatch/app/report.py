@@ -307,7 +307,7 @@ def capacity_table(device: Device, max_num_seqs: int, replicas: int = 1, context
     for b in sizes:
         tps = b / token_step_s(device, b, context_tokens)
         share = "n/a" if math.isinf(roofline) else f"{100 * tps / roofline:.1f} %"
-        step_ms = speculative.step_ms(cost, b, spec.num_speculative_tokens if spec else 0, context_tokens)
+        step_ms = speculative.step_ms(cost, b, spec.num_speculative_tokens if spec else 0, context_tokens, spec)
         lines.append(f"{b:>8}{step_ms:>12.2f}{tps:>{14 + len(per)},.2f}{share:>16}")
     if replicas > 1:
         lines.append(f"With {replicas} replicas at B = {max_num_seqs}: "

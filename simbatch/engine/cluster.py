@@ -25,6 +25,7 @@ from simbatch.engine.client import Client
 from simbatch.engine.disaggregated import Dispatcher
 from simbatch.engine.replica import Replica
 from simbatch.engine.router import Load, make_router
+from simbatch.features import feature_classes
 from simbatch.memory.kv import blocks_for, peak_kv_tokens
 from simbatch.model.clock import NS_PER_S, Urgent, to_ns
 from simbatch.observe.observers import Observer
@@ -77,7 +78,7 @@ class Engine:
         # The recorder is the first observer: the caller's see a request the recorder has counted.
         self.replica_scenarios = replica_scenarios(scenario)
         self.recorder = Recorder(len(workload), scenario.cluster.replicas,
-                                 speculative=any(s.device.speculative is not None for s in self.replica_scenarios),
+                                 columns=tuple(c for f in feature_classes(self.replica_scenarios) for c in f.columns),
                                  disaggregated=scenario.cluster.disaggregated is not None,
                                  request_latency_s=scenario.frontend.request_latency_s,
                                  response_latency_s=scenario.frontend.response_latency_s)

@@ -34,6 +34,7 @@ import simpy
 
 from simbatch.config import Scenario
 from simbatch.engine.accel import engine_scheduler
+from simbatch.features import hooks
 from simbatch.model.clock import NS_PER_S, Late, ceil_ns
 from simbatch.model.cost import LinearCost, StepRun
 from simbatch.model.request import Request
@@ -58,6 +59,8 @@ class Replica:
         self.device = scenario.device
         self.cost = LinearCost.of(scenario.device, scenario.kv_cache.swap_ms_per_block)
         self.scheduler, self.accel = engine_scheduler(scenario, tenant_names)
+        # Time the scheduler's features add to a step (simbatch.features: Feature.step_ms).
+        self._feature_ms = hooks(self.scheduler.features, "step_ms")
         self.recorder = recorder
         self.observers = tuple(observers)
         # Told of every step: only those that listen (the recorder keeps rows, not memberships).
@@ -125,8 +128,10 @@ class Replica:
 
     # ---------------------------------------------------------------- the loop
     def step_duration_ns(self, plan: StepPlan) -> int:
-        """The cost model's duration of the plan, on the clock's grid."""
-        return self.cost.plan_ns(plan)
+        """The cost model's duration of the plan, with the time the features add, on the clock's grid."""
+        if not self._feature_ms:
+            return self.cost.plan_ns(plan)
+        return self.cost.plan_ns(plan, sum(ms(plan) for ms in self._feature_ms))
 
     def _sleep(self, answer: SleepUntil | Idle):
         """Wait for an arrival, or until the scheduler's timer falls due."""
@@ -179,7 +184,8 @@ class Replica:
         env, sched, accel, rec, index = self.env, self.scheduler, self.accel, self.recorder, self.index
         # Bound once: this loop runs a few times per request.
         schedule, repeatable_steps, record = sched.schedule, accel.repeatable_steps, rec.record_steps
-        step_duration_ns, planned, cost_run = self.cost.plan_ns, self._planned, self.cost.run
+        step_duration_ns = self.cost.plan_ns if not self._feature_ms else self.step_duration_ns
+        planned, cost_run = self._planned, self.cost.run
         run_ahead, stop_at = self.run_ahead, self.stop_at_ns  # set by the cluster before the run starts
         contiguous, now = False, env.now  # now: this replica's clock, ahead of env.now when running ahead
         late = self.plans_after_sends  # a client: plan after the sends of this instant (no running ahead)

@@ -34,11 +34,21 @@ where ``tau0`` dominates, and loses once the drafts' ``gamma k B`` outweighs wha
 
 from __future__ import annotations
 
+import math
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from simbatch.config import Speculative
+from simbatch.config import Scenario, Speculative
+from simbatch.features import Feature, register
 from simbatch.model import streams
 from simbatch.model.cost import LinearCost
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from simbatch.model.request import Request
+    from simbatch.schedulers.base import StepPlan
 
 _BATCH = 64  # draws fetched from a request's generator at a time
 
@@ -100,15 +110,87 @@ class AcceptanceStream:
         return self._draws[self._at - 1]
 
 
-def step_ms(cost: LinearCost, batch_size: float, k: int, context_tokens: float = 0.0) -> float:
+def drafter_ms(cost: LinearCost, spec: Speculative, draft_steps: int | float, seqs: int | float,
+               kv_tokens: int | float = 0) -> float:
+    """The drafter's time in a step, ms: ``draft_steps`` sequential passes over ``seqs`` speculating
+    sequences reading ``kv_tokens`` of context, each ``draft_cost_ms``, or ``draft_cost_fraction`` of
+    the target's decode step over them."""
+    if not draft_steps:
+        return 0.0
+    per_pass = spec.draft_cost_ms or 0.0
+    if spec.draft_cost_fraction:
+        per_pass += spec.draft_cost_fraction * cost.step_ms(seqs, 0, 0, kv_tokens)
+    return draft_steps * per_pass
+
+
+def step_ms(cost: LinearCost, batch_size: float, k: int, context_tokens: float = 0.0,
+            spec: Speculative | None = None) -> float:
     """A decode step of ``batch_size`` sequences, each reading ``context_tokens`` and verifying ``k``
-    drafts (``k = 0``: no speculation), ms: the cost model's plan cost, in closed form."""
+    drafts (``k = 0``: no speculation) with ``spec``'s drafter, ms: the cost model's plan cost, in closed form."""
     kv = batch_size * context_tokens
-    return cost.step_ms(batch_size, batch_size * k, 0, kv) + cost.draft_ms(k, batch_size if k else 0, kv)
+    drafter = drafter_ms(cost, spec, k, batch_size, kv) if k and spec is not None else 0.0
+    return cost.step_ms(batch_size, batch_size * k, 0, kv) + drafter
 
 
 def speedup(cost: LinearCost, spec: Speculative, batch_size: float, context_tokens: float = 0.0) -> float:
     """Decode throughput with speculation over without, at ``batch_size`` saturated decodes:
     E tau(B) / tau_spec(B), E the run's tokens per step (:func:`tokens_per_step`)."""
     return tokens_per_step(spec) * step_ms(cost, batch_size, 0, context_tokens) / \
-        step_ms(cost, batch_size, spec.num_speculative_tokens, context_tokens)
+        step_ms(cost, batch_size, spec.num_speculative_tokens, context_tokens, spec)
+
+
+@register
+class SpeculativeDecoding(Feature):
+    """``device.speculative``: each decode verifies up to k drafts and keeps those accepted (module docstring)."""
+
+    name = "speculative_decoding"
+    repeatable = False  # each step accepts a random number of drafts: no two are alike
+    columns = (("num_drafts", "int32"), ("num_draft_tokens", "int64"), ("num_accepted_tokens", "int64"))
+
+    def __init__(self, scenario: Scenario):
+        super().__init__(scenario)
+        self.spec = spec = scenario.device.speculative
+        self.k = spec.num_speculative_tokens
+        self.cost = LinearCost.of(scenario.device)
+
+    @staticmethod
+    def enabled(scenario: Scenario) -> bool:
+        return scenario.device.speculative is not None
+
+    def decode_tokens(self, req: Request, spare: int) -> int:
+        """Its drafts: no more than k, than it still needs beyond the token it computes, or than ``spare``."""
+        return max(0, min(self.k, req.output_tokens - req.num_generated - 1, spare))
+
+    def applied(self, req: Request, n: int) -> int:
+        """Its own token and the drafts it accepts, from its own stream; counted as vLLM counts them."""
+        if req.acceptance is None:
+            req.acceptance = AcceptanceStream(self.scenario.seed, req.request_id, self.spec.acceptance_rate,
+                                              self.spec.acceptance_rate_concentration)
+        drafts = n - 1
+        accepted = min(req.acceptance.next(), drafts)
+        req.num_drafts += 1
+        req.num_draft_tokens += drafts
+        req.num_accepted_tokens += accepted
+        return 1 + accepted  # the rejected drafts' slots roll back
+
+    def step_ms(self, plan: StepPlan) -> float:
+        """The drafter: as many sequential passes as the most drafts any decode of the step has, over the
+        speculating decodes and their context."""
+        steps = seqs = kv = 0
+        for req, n in plan.slices:
+            if not req.prefill_pending:
+                steps, seqs, kv = max(steps, n - 1), seqs + 1, kv + req.num_computed_tokens
+        return drafter_ms(self.cost, self.spec, steps, seqs, kv)
+
+    @staticmethod
+    def summary(requests: pd.DataFrame) -> dict[str, float]:
+        """vLLM's ``spec_decode_*`` keys, over every request: the steps that verified drafts, the drafts
+        verified and those accepted, the acceptance rate (accepted / drafts verified) and the mean
+        acceptance length (1 + accepted / steps)."""
+        drafts = int(requests["num_drafts"].sum())
+        draft_tokens = int(requests["num_draft_tokens"].sum())
+        accepted = int(requests["num_accepted_tokens"].sum())
+        return {"spec_decode_num_drafts": drafts, "spec_decode_num_draft_tokens": draft_tokens,
+                "spec_decode_num_accepted_tokens": accepted,
+                "spec_decode_acceptance_rate": accepted / draft_tokens if draft_tokens else math.nan,
+                "spec_decode_mean_acceptance_length": 1 + accepted / drafts if drafts else math.nan}

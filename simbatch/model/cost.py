@@ -17,9 +17,10 @@ new token sees the cached ones and, causally, half the chunk), which makes long 
 A decode's attention is the ``delta`` read; it is memory-bound, not compute-bound. With
 ``delta = epsilon = 0`` the model is the chapter's ``tau0 + beta B + gamma P``, to the bit.
 
-Speculative decoding (:mod:`simbatch.features.speculative`) adds two terms: the ``d`` drafts a decode
-verifies are costed at ``gamma`` (rows through the weights, like prompt tokens), and the drafter's
-sequential passes, ``draft_steps`` times a pass's cost (``draft_ms``).
+Tokens a step verifies beyond each decode's own (speculative decoding's drafts, ``plan.draft_tokens``)
+are costed at ``gamma``: rows through the weights, like prompt tokens. A serving feature may add time
+of its own to a step (the drafter's passes: :meth:`simbatch.features.Feature.step_ms`), passed in as
+``extra_ms`` and summed before the step is put on the clock's grid.
 
 Tensor-parallel communication is no separate term: a decode step's all-reduces are latency-bound,
 a constant per step (part of ``tau0``), and a prefill's scale with its tokens (part of ``gamma``).
@@ -153,18 +154,12 @@ class LinearCost:
     swap_ms_per_block: float = 0.0
     kv_read_fs_per_token: int = 0  # delta
     attention_fs_per_pair: int = 0  # epsilon
-    # Speculative decoding's drafter (simbatch.features.speculative): each sequential draft pass costs this
-    # much plus this fraction of the target's decode step over the speculating sequences.
-    draft_ms_per_step: float = 0.0
-    draft_fraction: float = 0.0
 
     @classmethod
     def of(cls, device: Device, swap_ms_per_block: float = 0.0) -> LinearCost:
-        spec = device.speculative
         return cls(device.tau0_ms, device.beta_ms, device.prefill_ms_per_token, swap_ms_per_block,
                    round(device.kv_read_ms_per_1k_tokens * FS_PER_MS / 1e3),
-                   round(device.prefill_attention_ms_per_1m_pairs * FS_PER_MS / 1e6),
-                   (spec.draft_cost_ms or 0.0) if spec else 0.0, (spec.draft_cost_fraction or 0.0) if spec else 0.0)
+                   round(device.prefill_attention_ms_per_1m_pairs * FS_PER_MS / 1e6))
 
     def _context_units(self, kv_tokens: int | float, attention_pairs_x2: int | float) -> int | float:
         """delta K + epsilon A on the grid of ``_DEN`` units per ns."""
@@ -180,32 +175,20 @@ class LinearCost:
             return base
         return base + self._context_units(kv_tokens, 2 * attention_pairs) / _DEN / 1e6
 
-    def draft_ms(self, draft_steps: int | float, spec_seqs: int | float, spec_kv_tokens: int | float = 0) -> float:
-        """The drafter's time in a step, ms: ``draft_steps`` sequential passes over ``spec_seqs``
-        speculating sequences reading ``spec_kv_tokens`` of context, each ``draft_ms_per_step`` plus
-        ``draft_fraction`` of the target's decode step over them."""
-        if not draft_steps:
-            return 0.0
-        per_pass = self.draft_ms_per_step
-        if self.draft_fraction:
-            per_pass += self.draft_fraction * self.step_ms(spec_seqs, 0, 0, spec_kv_tokens)
-        return draft_steps * per_pass
-
-    def _base_ns(self, plan: StepPlan) -> int:
-        """The plan's step time without its context terms, on the clock's grid. A speculative decode's
-        drafts are verified like prefill tokens (gamma) and the drafter's passes are added
-        (:mod:`simbatch.features.speculative`)."""
+    def _base_ns(self, plan: StepPlan, extra_ms: float = 0.0) -> int:
+        """The plan's step time without its context terms, on the clock's grid: drafts are verified like
+        prefill tokens (gamma), and a feature's own time (``extra_ms``) is added before rounding."""
         ms = self.step_ms(plan.decode_seqs + plan.padded_decode_seqs,
                           plan.prefill_tokens + plan.padded_prefill_tokens + plan.draft_tokens, plan.swap_blocks)
-        if plan.draft_steps:
-            ms += self.draft_ms(plan.draft_steps, plan.spec_seqs, plan.spec_kv_tokens)
+        if extra_ms:
+            ms += extra_ms
         return step_ns(ms)
 
-    def plan_ns(self, plan: StepPlan) -> int:
+    def plan_ns(self, plan: StepPlan, extra_ms: float = 0.0) -> int:
         """Duration of a planned step on the clock's grid, ns: its decodes and prefill tokens, padding
-        included, and swaps, rounded as ever, plus its context read and prefill attention rounded by
-        themselves (half up)."""
-        base = self._base_ns(plan)
+        included, swaps and the features' ``extra_ms``, rounded as ever, plus its context read and
+        prefill attention rounded by themselves (half up)."""
+        base = self._base_ns(plan, extra_ms)
         if not (self.kv_read_fs_per_token or self.attention_fs_per_pair):
             return base
         return base + (self._context_units(plan.kv_tokens, plan.attention_pairs_x2) + _DEN // 2) // _DEN

@@ -86,7 +86,7 @@ class _OpenRun:
 class Recorder(Observer):
     """Time-weighted state, iteration runs and per-request outcomes of one run (see the module)."""
 
-    def __init__(self, num_requests: int, num_replicas: int, *, speculative: bool = False,
+    def __init__(self, num_requests: int, num_replicas: int, *, columns: tuple[tuple[str, str], ...] = (),
                  disaggregated: bool = False, request_latency_s: float = 0.0, response_latency_s: float = 0.0):
         # The frontend's latencies (config.Frontend): the engine's times are the server's; the frames
         # turn them into the client's.
@@ -116,14 +116,11 @@ class Recorder(Observer):
         self.finish_s = np.full(n, math.nan)
         self.num_preemptions = np.zeros(n, dtype=np.int32)
         self.num_cached_tokens = np.zeros(n, dtype=np.int32)
-        # Speculative decoding's counters (simbatch.features.speculative): steps with drafts, drafts, accepted drafts.
-        # Kept only in runs that speculate, as the disaggregated columns below: at a million requests
-        # every column is megabytes a plain run would carry for nothing.
-        self.speculative = speculative
-        m = n if speculative else 0
-        self.num_drafts = np.zeros(m, dtype=np.int32)
-        self.num_draft_tokens = np.zeros(m, dtype=np.int64)
-        self.num_accepted_tokens = np.zeros(m, dtype=np.int64)
+        # The serving features' per-request counters (simbatch.features: Feature.columns), by name. Kept
+        # only in runs whose features declare them, as the disaggregated columns below: at a million
+        # requests every column is megabytes a plain run would carry for nothing.
+        self.columns = {name: np.zeros(n, dtype=dtype) for name, dtype in columns}
+        self._column_items = tuple(self.columns.items())
         self.waiting_s = np.zeros(n)
         self.generated_tokens = np.zeros(n, dtype=np.int64)
         self.arrived = np.zeros(n, dtype=bool)
@@ -182,10 +179,8 @@ class Recorder(Observer):
         self.finish_s[i] = req.finish_s
         self.num_preemptions[i] = req.num_preemptions
         self.num_cached_tokens[i] = req.num_cached_tokens
-        if req.num_drafts:
-            self.num_drafts[i] = req.num_drafts
-            self.num_draft_tokens[i] = req.num_draft_tokens
-            self.num_accepted_tokens[i] = req.num_accepted_tokens
+        for name, column in self._column_items:
+            column[i] = getattr(req, name)
         self.waiting_s[i] = req.waiting_s
         self.generated_tokens[i] = req.num_generated
 

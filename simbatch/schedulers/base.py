@@ -45,12 +45,8 @@ class StepPlan:
     # over chunks of c tokens after k cached. Doubled so that it is an integer.
     kv_tokens: int = 0
     attention_pairs_x2: int = 0
-    # Speculative decoding (simbatch.features.speculative): drafts verified (costed at gamma), the drafter's
-    # sequential passes (the most drafts of any request), and the speculating sequences and their context.
+    # Tokens a step verifies beyond each decode's own (speculative decoding's drafts: costed at gamma).
     draft_tokens: int = 0
-    draft_steps: int = 0
-    spec_seqs: int = 0
-    spec_kv_tokens: int = 0
     num_admitted: int = 0  # requests that left WAITING for this step
     num_preempted: int = 0  # requests sent back to WAITING while planning this step
     swap_blocks: int = 0  # blocks moved between device and host while planning this step
@@ -103,6 +99,7 @@ class BaseScheduler(ABC):
     """Pools and bookkeeping common to all modes; subclasses decide what a step holds."""
 
     request_class: type[Request] = Request  # what the engine builds for each arrival here
+    features: Sequence = ()  # the serving features it runs (simbatch.features; continuous batching only)
 
     def __init__(self, scenario: Scenario, kv: KVCacheManager, waiting: WaitingQueue):
         self.scenario = scenario

@@ -48,7 +48,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from simbatch.config import Scenario
-from simbatch.features.speculative import AcceptanceStream
+from simbatch.features import features_for, hooks
 from simbatch.memory.kv import KVCacheManager, blocks_for
 from simbatch.model.request import FINISHED, RUNNING, WAITING, Request
 from simbatch.schedulers.base import IDLE, BaseScheduler, Idle, StepOutcome, StepPlan
@@ -78,10 +78,11 @@ class ContinuousScheduler(BaseScheduler):
         self.head_of_line_blocking = s.head_of_line_blocking
         self._victim_key = victim_key(s)
         self._waiting_key = waiting_key(s)
-        spec = scenario.device.speculative
-        self.num_spec = spec.num_speculative_tokens if spec else 0  # k: drafts per decode (simbatch.features.speculative)
-        self._alpha = spec.acceptance_rate if spec else 0.0
-        self._concentration = spec.acceptance_rate_concentration if spec else None
+        # The serving features this replica runs (simbatch.features), and the hooks they define.
+        self.features = features_for(scenario)
+        self.repeatable = all(f.repeatable for f in self.features)
+        self._decode_tokens = hooks(self.features, "decode_tokens")
+        self._applied = hooks(self.features, "applied")
         # Planning state of the step being built.
         self._sched: dict[Request, int] = {}
         self._budget = 0
@@ -199,7 +200,7 @@ class ContinuousScheduler(BaseScheduler):
         sched = self._sched
         if not sched:
             return False
-        decodes, slices = [], []
+        decodes, slices, extended = [], [], 0
         for req, n in sched.items():
             k = req.num_computed_tokens  # the cached context this slice reads
             plan.kv_tokens += k
@@ -209,29 +210,29 @@ class ContinuousScheduler(BaseScheduler):
                 plan.attention_pairs_x2 += n * (2 * k + n)
             elif n == 1:
                 decodes.append(req)
-            else:  # verifying n - 1 drafts
+            else:  # a decode and n - 1 extra tokens (speculative decoding's drafts)
                 slices.append((req, n))
                 plan.draft_tokens += n - 1
-                plan.draft_steps = max(plan.draft_steps, n - 1)
-                plan.spec_seqs += 1
-                plan.spec_kv_tokens += k
+                extended += 1
         plan.decodes, plan.slices = decodes, slices
-        plan.decode_seqs = len(decodes) + plan.spec_seqs
+        plan.decode_seqs = len(decodes) + extended
         return True
 
     def _schedule_decodes(self, now: float, plan: StepPlan) -> None:
         """Rule 1: each decoding request, in running order, its token and the block it may need.
 
-        With speculative decoding, its token and its drafts (:mod:`simbatch.features.speculative`): no more
-        than it still needs, and leaving one token of the budget for each decode after it."""
-        after = len(self.running) - len(self._prefilling) if self.num_spec else 0  # decodes not yet planned
+        A feature may give it tokens beyond its own (``decode_tokens``: speculative decoding's drafts),
+        always leaving one token of the budget for each decode after it."""
+        extra = self._decode_tokens
+        after = len(self.running) - len(self._prefilling) if extra else 0  # decodes not yet planned
         for req in list(self.running):  # a snapshot: victims leave mid-loop
             if req.status is not RUNNING or req.prefill_pending:
                 continue  # preempted earlier in this loop, or prefilling (rule 2)
             n = 1
             if after:
                 after -= 1
-                n += max(0, min(self.num_spec, req.output_tokens - req.num_generated - 1, self._budget - 1 - after))
+                for more in extra:
+                    n += more(req, self._budget - n - after)
             self._take(req, n)
             if not self._reserve(req, n, now, plan):
                 self._budget += self._sched.pop(req)  # stalls, keeping its blocks
@@ -447,8 +448,10 @@ class ContinuousScheduler(BaseScheduler):
         publish = self.kv.publish if self.kv.caching else None
         for req, n in plan.slices:
             emitted = 1
-            if not req.prefill_pending:  # a decode verifying n - 1 drafts
-                emitted = n = 1 + self._accepted(req, n - 1)  # the rejected drafts' slots roll back
+            if not req.prefill_pending:  # a decode and n - 1 extra tokens: the features say what it keeps
+                for keep in self._applied:
+                    n = keep(req, n)
+                emitted = n
             req.num_computed_tokens += n
             if publish is not None and req.prefill_pending:
                 publish(req)  # a prefill chunk's full blocks are findable at once (simbatch.memory.prefix_cache)
@@ -467,16 +470,6 @@ class ContinuousScheduler(BaseScheduler):
         elif req.num_generated >= req.output_tokens:
             self._retire(req, end_s)
             outcome.finished.append(req)
-
-    def _accepted(self, req: Request, drafts: int) -> int:
-        """Of ``drafts`` drafts verified, how many ``req`` accepts, from its own stream; counted."""
-        if req.acceptance is None:
-            req.acceptance = AcceptanceStream(self.scenario.seed, req.request_id, self._alpha, self._concentration)
-        accepted = min(req.acceptance.next(), drafts)
-        req.num_drafts += 1
-        req.num_draft_tokens += drafts
-        req.num_accepted_tokens += accepted
-        return accepted
 
     def _drop_finished(self, finished: list[Request]) -> None:
         """Take the step's finished requests out of the running set and release them (with async

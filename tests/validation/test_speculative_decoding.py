@@ -102,7 +102,7 @@ def test_step_cost(cost, sim, check):
                          "output_tokens": {"dist": "fixed", "value": 400}},
             "device": {**DEVICE, "speculative": _spec(k, 0.7, **cost)}}
     device = Device.model_validate(spec["device"])
-    expected_s = step_ms(LinearCost.of(device), batch, k) / 1e3
+    expected_s = step_ms(LinearCost.of(device), batch, k, spec=device.speculative) / 1e3
     rows = sim.map(_decode_rows, [spec])[0]
     full = rows[rows["decode_tokens"] == batch * (1 + k)]
     slowest, fastest, steps = float(full["duration_s"].max()), float(full["duration_s"].min()), full["num_steps"].sum()
@@ -131,6 +131,7 @@ def test_tpot_at_low_load(sim, check, mode):
               "device": device}
              for s in seeds]
     measured = sim.map(_tpot_ms, specs)
-    tau = step_ms(LinearCost.of(Device.model_validate(device)), 1, k)
+    validated = Device.model_validate(device)
+    tau = step_ms(LinearCost.of(validated), 1, k, spec=validated.speculative)
     check.ci(f"mean TPOT (ms), tau_spec(1) / E = {tau:.2f} / {expected_tokens_per_step(k, alpha):.4f}",
              tau / expected_tokens_per_step(k, alpha), measured, seeds)

@@ -143,7 +143,7 @@ class LockstepScheduler(ContinuousScheduler):
         return plan
 
     def _schedule_decodes(self, now: float, plan: StepPlan) -> None:
-        if self.num_spec:  # speculating decodes never join the group: the model's rules, as written
+        if not self.repeatable:  # a feature's steps are never alike (speculative decoding): the model's rules
             super()._schedule_decodes(now, plan)
             return
         group, running = self._group, self.running
