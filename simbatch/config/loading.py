@@ -346,9 +346,12 @@ def data_file_problem(path: Path) -> str | None:
     return None
 
 
-def _from_command_line(problem: Problem, keys: list[str]) -> Problem:
-    """A problem with a value given by ``--set`` is reported against ``--set``, not a line of the file."""
-    if any(problem.path == k or problem.path.startswith(k + ".") for k in keys):
+def _from_command_line(problem: Problem, keys: list[str], marks: dict[tuple, yaml.Mark]) -> Problem:
+    """A problem with a value given by ``--set`` is reported against ``--set``, not a line of the file;
+    so is one with a key only ``--set`` wrote (``--set workload.arival.rate=4`` makes ``workload.arival``)."""
+    made_by_set = problem.path and tuple(problem.path.split(".")) not in marks and \
+        any(k.startswith(problem.path + ".") for k in keys)
+    if made_by_set or any(problem.path == k or problem.path.startswith(k + ".") for k in keys):
         return Problem("--set", problem.path, problem.message)
     return problem
 
@@ -365,4 +368,4 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
     try:
         return scenario_from_dict(data, source, marks, base_dir=path.resolve().parent)
     except ScenarioError as exc:
-        raise ScenarioError([_from_command_line(p, [k for k, _ in parsed]) for p in exc.problems]) from None
+        raise ScenarioError([_from_command_line(p, [k for k, _ in parsed], marks) for p in exc.problems]) from None

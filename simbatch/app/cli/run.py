@@ -185,12 +185,13 @@ def compare(sources: list[Path] = SOURCES_ARG,
                      if value]
             if given:
                 raise BadInput(f"{given[0]}: applies to a scenario, and these are existing runs; remove it")
-            _compare_runs(sources, out, no_plots, quiet, say)
+            _compare_runs(sources, out, no_plots, quiet, say, force)
             return
         axes = list(vary or [])
         if modes is not None or not (axes or variant):
             # --modes is --vary batching.mode=..., and with nothing else to vary, every mode.
-            axes.append("batching.mode=" + ",".join(parse_modes(modes or ",".join(batching_modes()))))
+            every = ",".join(batching_modes())
+            axes.append("batching.mode=" + ",".join(parse_modes(every if modes is None else modes)))
         columns = variants(axes, variant or [])
     except CompareInputError as exc:
         raise BadInput(str(exc)) from None
@@ -216,7 +217,7 @@ def compare(sources: list[Path] = SOURCES_ARG,
     typer.echo(f"Results written to {printable(folder)}" if not quiet else printable(folder))
 
 
-def _compare_runs(sources: list[Path], out: Path | None, no_plots: bool, quiet: bool, say) -> None:
+def _compare_runs(sources: list[Path], out: Path | None, no_plots: bool, quiet: bool, say, force: bool) -> None:
     """``compare`` of existing runs: result folders and vLLM result files, read, tabled, plotted."""
     from simbatch.app import report, results
     from simbatch.app.compare import load_sources, write_sources
@@ -224,7 +225,7 @@ def _compare_runs(sources: list[Path], out: Path | None, no_plots: bool, quiet: 
     if len(sources) < 2 or any(p.suffix in (".yaml", ".yml") for p in sources):
         raise BadInput(f"compare {' '.join(map(str, sources))}: give one scenario file, or two or more "
                        "result folders and vllm bench serve --save-result JSON files")
-    runs = load_sources(sources)
+    runs = load_sources(sources, force, lambda line: typer.echo(f"warning: {printable(line)}", err=True))
     folder = out or results.default_folder("compare")
     results.check_target(folder)
     say(report.compare_table(runs))

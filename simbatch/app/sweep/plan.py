@@ -43,6 +43,12 @@ def valid_points(scenario_path: Path, param_texts: list[str], sets: list[str], r
         params = parse_params(param_texts, reserved)
     except GridError as exc:
         raise SweepInputError(str(exc)) from None
+    for param in params:
+        for text in sets:
+            key = text.partition("=")[0].strip()
+            if key == param.key or param.key.startswith(key + ".") or key.startswith(param.key + "."):
+                raise SweepInputError(f"--param {param.key} and --set {text}: both set {key}, and the --param "
+                                      "would silently win at every point; give it once")
     guard.check_sweep(math.prod(len(p.values) for p in params), replications, force)
     if not scenario_path.is_file():
         raise SweepInputError(f"SCENARIO {scenario_path}: file not found; pass the path of a scenario file")

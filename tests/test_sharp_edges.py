@@ -1,0 +1,314 @@
+"""Issue 33, "no sharp edges": what a hostile or a new user tried, each with the behaviour it gets now.
+
+Sections follow the issue: wrong results, unbounded inputs, tracebacks where a line belongs, the
+servers' reach, leftovers, and what a new user trips on. Commands run in-process (``invoke``) on
+scenarios of a few requests; the servers run in a thread of this process.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from test_cli import invoke
+
+SMALL = {"name": "small", "workload": {"num_requests": 10, "arrival": {"rate": 2}},
+         "batching": {"max_num_seqs": 8, "max_num_batched_tokens": 512}}
+
+
+def scenario(tmp_path: Path, data: dict | None = None, name: str = "s.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data or SMALL, allow_unicode=True), encoding="utf-8")
+    return path
+
+
+def one_line(result, *words: str) -> str:
+    """Bad input: exit 2, one line on stderr holding every word, nothing on stdout, no traceback."""
+    assert result.exit_code == 2, (result.exit_code, result.stdout, result.stderr, result.exception)
+    assert result.stderr.count("\n") == 1 and not result.stdout, result.stderr
+    assert "Traceback" not in result.stderr
+    for word in words:
+        assert word in result.stderr, result.stderr
+    return result.stderr
+
+
+@pytest.fixture(scope="module")
+def run_folder(tmp_path_factory) -> Path:
+    """One finished result folder (no plots), to copy and damage."""
+    tmp = tmp_path_factory.mktemp("run")
+    result = invoke("run", scenario(tmp), "--no-plots", "--quiet", "--out", tmp / "r")
+    assert result.exit_code == 0, result.stderr
+    return tmp / "r"
+
+
+def copy_of(run_folder: Path, where: Path) -> Path:
+    shutil.copytree(run_folder, where)
+    return where
+
+
+# ================================================================== what a new user trips on: the flags
+def test_goodput_takes_vllms_space_separated_pairs(tmp_path):
+    out = tmp_path / "r"
+    result = invoke("run", scenario(tmp_path), "--goodput", "ttft:500", "tpot:50", "--no-plots", "--quiet",
+                    "--out", out)
+    assert result.exit_code == 0, result.stderr
+    slo = json.loads((out / "resolved_config.json").read_text())["slo"]
+    assert (slo["ttft_ms"], slo["tpot_ms"]) == (500.0, 50.0)
+    # The pairs end at the first word that is not one: the scenario may come after them.
+    result = invoke("run", "--goodput", "ttft:500", "e2el:900", scenario(tmp_path), "--no-plots", "--quiet",
+                    "--out", tmp_path / "r2")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads((tmp_path / "r2" / "resolved_config.json").read_text())["slo"]["e2el_ms"] == 900.0
+
+
+@pytest.mark.parametrize(("value", "fix"), [("ttft:0.5s", "--goodput ttft:500"), ("ttft:500ms", "--goodput ttft:500"),
+                                            ("tpot:2min", "--goodput tpot:120000"), ("ttft:abc", "--goodput ttft:500")])
+def test_goodput_with_a_unit_suggests_the_limit_in_ms(tmp_path, value, fix):
+    text = one_line(invoke("run", scenario(tmp_path), "--goodput", value, "--out", tmp_path / "r"), fix)
+    assert "--goodput 4" not in text
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(("value", "fix"), [("0.99", "99"), ("0.5,0.9", "50,90"), ("50,0.999", "50,99.9")])
+def test_metric_percentiles_as_fractions_are_refused_with_the_fix(tmp_path, value, fix):
+    one_line(invoke("run", scenario(tmp_path), "--metric-percentiles", value, "--out", tmp_path / "r"),
+             f"--metric-percentiles {value}: percentiles are in percent", f"e.g. --metric-percentiles {fix}")
+
+
+def test_a_set_typo_is_blamed_on_the_command_line(tmp_path):
+    text = one_line(invoke("validate", scenario(tmp_path), "--set", "workload.arival.rate=4"),
+                    "--set: workload.arival: unknown key; did you mean 'arrival'?")
+    assert not text.startswith(str(tmp_path))
+    # A typo in the file itself is still the file's, with its line.
+    data = {**SMALL, "workload": {**SMALL["workload"], "arival": {"rate": 2}}}
+    one_line(invoke("validate", scenario(tmp_path, data)), f"{tmp_path / 's.yaml'}:", "workload.arival: unknown key")
+
+
+def test_a_param_also_given_by_set_is_refused(tmp_path):
+    one_line(invoke("sweep", scenario(tmp_path), "-p", "workload.arrival.rate=1,2", "--set",
+                    "workload.arrival.rate=3", "-o", tmp_path / "sw"), "--param workload.arrival.rate",
+             "--set workload.arrival.rate")
+    one_line(invoke("capacity-search", scenario(tmp_path), "--slo", "ttft_p99_ms=500", "-p",
+                    "batching.max_num_seqs=4,8", "--set", "batching.max_num_seqs=16", "-o", tmp_path / "cs"),
+             "--param batching.max_num_seqs")
+    assert not (tmp_path / "sw").exists() and not (tmp_path / "cs").exists()
+
+
+def test_compare_with_empty_modes_is_refused(tmp_path):
+    one_line(invoke("compare", scenario(tmp_path), "--modes", "", "--out", tmp_path / "c"), "--modes ''",
+             "no mode given")
+    assert not (tmp_path / "c").exists()
+
+
+# ================================================================== tracebacks where a line belongs: compare
+def _truncate(folder: Path) -> None:
+    (folder / "summary.json").write_text('{"completed": 1')
+
+
+def _non_object(folder: Path) -> None:
+    (folder / "summary.json").write_text("[1, 2]")
+
+
+def _deep(folder: Path) -> None:
+    (folder / "summary.json").write_text("[" * 100_000 + "]" * 100_000)
+
+
+def _string_metrics(folder: Path) -> None:
+    summary = json.loads((folder / "summary.json").read_text())
+    (folder / "summary.json").write_text(json.dumps({**summary, "mean_ttft_ms": "fast", "completed": [1]}))
+
+
+def _bad_config(folder: Path) -> None:
+    (folder / "resolved_config.json").write_text(json.dumps({"workload": {"num_requests": -3}}))
+
+
+def _config_not_json(folder: Path) -> None:
+    (folder / "resolved_config.json").write_text("{nope")
+
+
+def _no_status(folder: Path) -> None:
+    import pandas as pd
+
+    frame = pd.read_csv(folder / "requests.csv")
+    frame.drop(columns=["status"]).to_csv(folder / "requests.csv", index=False)
+
+
+def _empty_requests(folder: Path) -> None:
+    (folder / "requests.csv").write_text("")
+
+
+def _binary_requests(folder: Path) -> None:
+    (folder / "requests.csv").write_bytes(bytes(range(256)) * 8)
+
+
+def _no_iterations_column(folder: Path) -> None:
+    (folder / "iterations.csv").write_text("a,b\n1,2\n")
+
+
+@pytest.mark.parametrize(("damage", "words"), [
+    (_truncate, ["summary.json", "not valid JSON"]),
+    (_non_object, ["summary.json", "not a JSON object"]),
+    (_deep, ["summary.json", "nested"]),
+    (_bad_config, ["resolved_config.json", "workload.num_requests"]),
+    (_config_not_json, ["resolved_config.json", "not valid JSON"]),
+    (_no_status, ["requests.csv", "'status'"]),
+    (_empty_requests, ["requests.csv", "empty"]),
+    (_binary_requests, ["requests.csv"]),
+    (_no_iterations_column, ["iterations.csv"]),
+], ids=lambda v: v.__name__ if callable(v) else None)
+def test_compare_on_a_damaged_result_folder_is_one_line(run_folder, tmp_path, damage, words):
+    good, bad = copy_of(run_folder, tmp_path / "good"), copy_of(run_folder, tmp_path / "bad")
+    damage(bad)
+    one_line(invoke("compare", good, bad, "--no-plots", "--out", tmp_path / "c"), str(bad), *words,
+             "give a folder written by simbatch run")
+    assert not (tmp_path / "c").exists()
+
+
+def test_compare_shows_string_metrics_as_missing(run_folder, tmp_path):
+    good, odd = copy_of(run_folder, tmp_path / "good"), copy_of(run_folder, tmp_path / "odd")
+    _string_metrics(odd)
+    result = invoke("compare", good, odd, "--out", tmp_path / "c")
+    assert result.exit_code == 0, result.stderr
+    ttft = next(ln for ln in result.stdout.splitlines() if ln.startswith("Mean TTFT (ms)")).split()[-2:]
+    assert ttft[0] != "n/a" and ttft[1] == "n/a"
+
+
+def test_compare_caps_what_it_reads_from_a_result_folder(run_folder, tmp_path, monkeypatch):
+    from simbatch.app import compare
+
+    good, big = copy_of(run_folder, tmp_path / "good"), copy_of(run_folder, tmp_path / "big")
+    monkeypatch.setattr(compare, "MAX_JSON_BYTES", 5_000)
+    with open(big / "summary.json", "a") as f:
+        f.write(" " * 5_000)
+    one_line(invoke("compare", good, big, "--out", tmp_path / "c"), str(big / "summary.json"), "larger than 5,000 bytes")
+    monkeypatch.setattr(compare, "MAX_JSON_BYTES", 10_000_000)
+    monkeypatch.setattr(compare, "MAX_FRAME_BYTES", 100)
+    one_line(invoke("compare", good, big, "--out", tmp_path / "c"), "requests.csv", "larger than 100 bytes", "--force")
+    assert not (tmp_path / "c").exists()
+    assert invoke("compare", good, big, "--no-plots", "--force", "--out", tmp_path / "c").exit_code == 0
+
+
+# ================================================================== the servers' reach
+@pytest.fixture
+def viewer(tmp_path):
+    """``simbatch view``'s server of a folder holding a report, a plot and a symlink out; its base URL."""
+    import os
+    import threading
+
+    from simbatch.app.cli.view import make_server
+
+    folder = tmp_path / "r"
+    (folder / "plots").mkdir(parents=True)
+    (folder / "report.html").write_text("<html>the report</html>")
+    (folder / "plots" / "a.png").write_bytes(b"\x89PNG")
+    (tmp_path / "secret.txt").write_text("secret")
+    os.symlink("/", folder / "link")
+    os.symlink(tmp_path / "secret.txt", folder / "plots" / "b.png")
+    server = make_server(folder)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def http_get(port: int, path: str, host: str | None = None) -> tuple[int, bytes, dict]:
+    """GET ``path`` from 127.0.0.1:``port`` with this Host header (default: 127.0.0.1:port)."""
+    import http.client
+
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        connection.putrequest("GET", path, skip_host=True)
+        connection.putheader("Host", host or f"127.0.0.1:{port}")
+        connection.endheaders()
+        response = connection.getresponse()
+        return response.status, response.read(), dict(response.getheaders())
+    finally:
+        connection.close()
+
+
+def test_view_serves_the_folders_own_files(viewer):
+    port = viewer.server_port
+    assert http_get(port, "/report.html")[:2] == (200, b"<html>the report</html>")
+    status, body, headers = http_get(port, "/plots/a.png")
+    assert (status, body, headers["Content-Type"]) == (200, b"\x89PNG", "image/png")
+    status, _, headers = http_get(port, "/")
+    assert status in (301, 302) and headers["Location"] == "/report.html"
+
+
+@pytest.mark.parametrize("path", ["/link/etc/passwd", "/link/", "/plots/b.png", "/plots/", "/plots", "/../secret.txt",
+                                  "/%2e%2e/secret.txt", "/report.html%00", "/nothing.html"])
+def test_view_follows_no_link_out_and_lists_no_folder(viewer, path):
+    status, body, _ = http_get(viewer.server_port, path)
+    assert status == 404 and b"secret" not in body and b"passwd" not in body and b"Directory listing" not in body
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:{port}", "localhost:{port}", "[::1]:{port}", "LOCALHOST:{port}"])
+def test_view_answers_its_own_host(viewer, host):
+    port = viewer.server_port
+    assert http_get(port, "/report.html", host.format(port=port))[0] == 200
+
+
+@pytest.mark.parametrize("host", ["evil.example:{port}", "127.0.0.1.evil.example:{port}", "localhost:1",
+                                  "127.0.0.1", "", "localhost:{port}@evil.example"])
+def test_view_refuses_another_host_dns_rebinding(viewer, host):
+    port = viewer.server_port
+    status, body, _ = http_get(port, "/report.html", host.format(port=port) or " ")
+    assert status == 403 and b"the report" not in body
+
+
+def test_explore_refuses_another_host(tmp_path):
+    import threading
+
+    from simbatch.app.explore import make_server
+
+    server = make_server(scenario(tmp_path))
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        port = server.server_port
+        assert http_get(port, "/")[0] == 200
+        status, body, _ = http_get(port, "/simulate?rate=3", f"rebound.example:{port}")
+        assert status == 403 and b"summary" not in body
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("error", [BrokenPipeError, ConnectionResetError, ConnectionAbortedError])
+def test_a_client_that_left_leaves_no_traceback(viewer, capsys, error):
+    try:
+        raise error(32, "gone")
+    except OSError:
+        viewer.handle_error(None, ("127.0.0.1", 1))
+    assert capsys.readouterr().err == ""
+    try:
+        raise RuntimeError("a real bug")
+    except RuntimeError:
+        viewer.handle_error(None, ("127.0.0.1", 1))
+    assert "a real bug" in capsys.readouterr().err  # anything else is still reported
+
+
+def test_explore_answers_a_failed_simulation_with_a_line_not_an_empty_reply(tmp_path, monkeypatch, capsys):
+    import threading
+
+    from simbatch.app import explore
+
+    def broken(path, query):
+        raise OverflowError("cannot convert float infinity to integer")
+
+    server = explore.make_server(scenario(tmp_path))
+    monkeypatch.setattr(explore, "simulate_page", broken)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        status, body, _ = http_get(server.server_port, "/simulate?tau0_ms=3")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert status == 500 and "OverflowError: cannot convert float infinity" in json.loads(body)["error"]
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
