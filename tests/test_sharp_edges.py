@@ -312,3 +312,60 @@ def test_explore_answers_a_failed_simulation_with_a_line_not_an_empty_reply(tmp_
     assert status == 500 and "OverflowError: cannot convert float infinity" in json.loads(body)["error"]
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+# ================================================================== leftovers
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_a_later_run_removes_what_killed_runs_left_and_nothing_else(tmp_path, monkeypatch):
+    import os
+
+    from simbatch.app import atomic
+
+    monkeypatch.chdir(tmp_path)
+    parent = tmp_path / "results" / "small"
+    parent.mkdir(parents=True)
+    dead, alive = atomic.partial_prefix("20240101-000000", _dead_pid()), atomic.partial_prefix("x", os.getpid())
+    stale = parent / f"{dead}abc123"
+    (stale / "plots").mkdir(parents=True)
+    (stale / "requests.csv").write_text("25 MB of rows")
+    running = parent / f"{alive}def456"  # another run of this very process, still writing
+    running.mkdir()
+    foreign = parent / ".notes.partial-old"  # not ours to judge: no owner in its name
+    foreign.mkdir()
+    elsewhere = tmp_path / "keep"
+    elsewhere.mkdir()
+    (elsewhere / "precious").write_text("x")
+    link = parent / f"{atomic.partial_prefix('y', _dead_pid())}link"
+    os.symlink(elsewhere, link)  # a link named like a leftover: removed as a link, never followed
+    result = invoke("run", scenario(tmp_path), "--no-plots", "--quiet")
+    assert result.exit_code == 0, result.stderr
+    assert not stale.exists() and running.is_dir() and foreign.is_dir()
+    assert (elsewhere / "precious").is_file()
+    assert len([p for p in parent.iterdir() if not p.name.startswith(".")]) == 1
+
+
+def test_a_sweep_that_fills_the_disk_leaves_no_truncated_plot(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    real = Figure.savefig
+
+    def full_disk(self, path, *args, **kwargs):
+        real(self, path, *args, **kwargs)
+        with open(path, "r+b") as f:
+            f.truncate(100)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", full_disk)
+    out = tmp_path / "sw"
+    result = invoke("sweep", scenario(tmp_path), "-p", "workload.arrival.rate=1,2", "-r", "1", "-w", "1", "-o", out)
+    one_line(result, "No space left on device")
+    assert (out / "summary.csv").is_file()
+    assert not list(out.glob("*.png")) and not [p for p in out.iterdir() if ".partial-" in p.name]

@@ -57,6 +57,7 @@ def _reports_bad_input(command: Callable) -> Callable:
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         from simbatch.app.cli.common import BadInput, reports_bad_input
+        from simbatch.app.errors import OutputError
         from simbatch.app.sweep.plan import SweepInputError
         from simbatch.app.sweep.runner import ExecutorError
         from simbatch.app.sweep.store import StoreError
@@ -67,6 +68,10 @@ def _reports_bad_input(command: Callable) -> Callable:
                 return command(*args, **kwargs)
             except (SweepInputError, StoreError, ExecutorError) as exc:
                 raise BadInput(str(exc)) from None
+            except OSError as exc:  # a full disk, a folder made read-only: what is written stays whole
+                where = f"{exc.filename}: " if exc.filename else ""
+                raise OutputError(f"cannot write {where}{exc.strerror or exc}; free some space or choose "
+                                  "another --out, then rerun to resume") from None
 
         return checked()
 
