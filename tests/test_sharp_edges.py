@@ -369,3 +369,107 @@ def test_a_sweep_that_fills_the_disk_leaves_no_truncated_plot(tmp_path, monkeypa
     one_line(result, "No space left on device")
     assert (out / "summary.csv").is_file()
     assert not list(out.glob("*.png")) and not [p for p in out.iterdir() if ".partial-" in p.name]
+
+
+# ================================================================== wrong results, silently: the clock
+def trace_scenario(tmp_path: Path, rows: list[str], **trace) -> Path:
+    (tmp_path / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(f"{r}\n" for r in rows))
+    return scenario(tmp_path, {"name": "traced", "workload": {"trace": {"path": "t.csv", **trace}}})
+
+
+def test_arrivals_past_the_clock_are_refused_naming_the_rate(tmp_path):
+    text = one_line(invoke("validate", scenario(tmp_path), "--set", "workload.arrival.rate=1e-12"),
+                    "workload.arrival.rate", "past", "s the simulation clock holds")
+    assert "4.6e+09 s" in text
+    one_line(invoke("run", scenario(tmp_path), "--set", "workload.arrival.rate=1e-12", "--out", tmp_path / "r"),
+             "workload.arrival.rate")
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(("rows", "trace", "words"), [
+    (["1700000000000,10,5", "1700000000500,12,6"], {"keep_time_origin": True}, ["epoch milliseconds"]),
+    (["0,10,5", "1e15,12,6"], {}, ["t.csv:3:", "'1e15'"]),
+    (["0,10,5", "1e300,12,6"], {}, ["'1e300'"]),
+    (["0,10,5", "1,12,6"], {"time_scale": 1e308}, ["time_scale"]),
+])
+def test_trace_times_past_the_clock_are_refused(tmp_path, rows, trace, words):
+    one_line(invoke("validate", trace_scenario(tmp_path, rows, **trace)), "workload.trace", "the simulation clock",
+             *words)
+
+
+def test_epoch_seconds_with_the_time_origin_kept_still_replay(tmp_path):
+    result = invoke("validate", trace_scenario(tmp_path, ["1700000000.0,10,5", "1700000000.5,12,6"],
+                                               keep_time_origin=True))
+    assert result.exit_code == 0, result.stderr
+
+
+def test_the_frame_builder_refuses_a_negative_latency(tmp_path):
+    from simbatch.analysis.summary import requests_frame
+    from simbatch.config.loading import load_scenario
+    from simbatch.engine import Engine
+    from simbatch.workload import generate
+
+    sc = load_scenario(scenario(tmp_path))
+    workload = generate(sc)
+    engine = Engine(sc, workload)
+    engine.run()
+    engine.recorder.finish_s[3] = -1.0  # what a wrapped clock gives
+    with pytest.raises(RuntimeError, match="negative latency"):
+        requests_frame(workload, engine.recorder)
+
+
+# ================================================================== unbounded inputs
+def test_a_compressed_trace_is_sized_by_its_rows_not_its_bytes(tmp_path, monkeypatch):
+    import gzip
+
+    from simbatch.config import guard
+    from simbatch.config.loading import load_scenario
+
+    rows = 200_000
+    with gzip.open(tmp_path / "t.csv.gz", "wt") as f:
+        f.write("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "0,1,1\n" * rows)
+    assert (tmp_path / "t.csv.gz").stat().st_size < 5_000
+    path = scenario(tmp_path, {"name": "gz", "workload": {"trace": {"path": "t.csv.gz"}}})
+    assert guard.expected_requests(load_scenario(path)) == rows
+    monkeypatch.setattr(guard, "BYTES_PER_REQUEST", guard.MAX_BYTES / 1_000)
+    one_line(invoke("validate", path), "run too large", "200,000 requests")
+    # Decompressing past the scan's cap is itself too much: the trace counts as too large.
+    monkeypatch.setattr(guard, "_MAX_TRACE_SCAN_BYTES", 100_000)
+    assert guard.expected_requests(load_scenario(path)) == float("inf")
+
+
+def test_a_compressed_length_file_is_capped_decompressed(tmp_path, monkeypatch):
+    import gzip
+
+    from simbatch.workload import csvfile
+
+    with gzip.open(tmp_path / "l.csv.gz", "wt") as f:
+        f.write("len\n" + "7\n" * 100_000)
+    data = {**SMALL, "workload": {**SMALL["workload"], "prompt_tokens": {"dist": "empirical", "path": "l.csv.gz",
+                                                                          "column": "len"}}}
+    assert invoke("validate", scenario(tmp_path, data)).exit_code == 0
+    monkeypatch.setattr(csvfile, "MAX_LENGTH_FILE_BYTES", 10_000)
+    one_line(invoke("validate", scenario(tmp_path, data)), "workload.prompt_tokens.path", "10,000 bytes")
+
+
+def test_num_speculative_tokens_of_a_billion_is_answered_at_once(tmp_path):
+    from simbatch.features.speculative import expected_tokens_per_step
+
+    for k, alpha in ((1, 0.5), (4, 0.7), (7, 0.0), (30, 0.999)):
+        assert expected_tokens_per_step(k, alpha) == pytest.approx(sum(alpha ** j for j in range(k + 1)), rel=1e-12)
+    assert expected_tokens_per_step(10**12, 0.7) == pytest.approx(1 / 0.3, rel=1e-12)
+    data = yaml.safe_load((Path(__file__).parent.parent / "scenarios" / "speculative.yaml").read_text())
+    data["device"]["speculative"]["num_speculative_tokens"] = 10**9
+    data["workload"] = {**data["workload"], "duration_s": None, "num_requests": 20}
+    assert invoke("validate", scenario(tmp_path, data)).exit_code == 0
+
+
+# ================================================================== a name YAML cannot write out
+def test_an_escaped_emoji_name_is_the_emoji_and_a_lone_surrogate_is_refused(tmp_path):
+    from simbatch.config.loading import load_scenario
+
+    (tmp_path / "e.yaml").write_text('name: "\\ud83d\\ude80 launch"\nworkload: {num_requests: 5}\n')
+    assert load_scenario(tmp_path / "e.yaml").name == "\U0001f680 launch"
+    (tmp_path / "l.yaml").write_text('name: "half \\ud83d"\nworkload: {num_requests: 5}\n')
+    one_line(invoke("validate", tmp_path / "l.yaml"), "l.yaml:1:7: name:", "lone surrogate", "\\ud83d")
+    one_line(invoke("validate", scenario(tmp_path), "--set", 'name="\\ud83d"'), "--set: name:")
