@@ -8,6 +8,7 @@ scenarios of a few requests; the servers run in a thread of this process.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -473,3 +474,83 @@ def test_an_escaped_emoji_name_is_the_emoji_and_a_lone_surrogate_is_refused(tmp_
     (tmp_path / "l.yaml").write_text('name: "half \\ud83d"\nworkload: {num_requests: 5}\n')
     one_line(invoke("validate", tmp_path / "l.yaml"), "l.yaml:1:7: name:", "lone surrogate", "\\ud83d")
     one_line(invoke("validate", scenario(tmp_path), "--set", 'name="\\ud83d"'), "--set: name:")
+
+
+# ================================================================== what a new user trips on: the verdict
+SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
+
+
+def stability_of(name: str, *overrides: str):
+    from simbatch.analysis.capacity import expected_stability
+    from simbatch.config.loading import load_scenario
+    from simbatch.workload import generate
+
+    sc = load_scenario(SCENARIOS / f"{name}.yaml", list(overrides))
+    return expected_stability(sc, generate(sc))
+
+
+def test_a_finite_burst_is_a_burst_not_an_infinite_overload(tmp_path):
+    st = stability_of("stable", "workload.arrival.rate=inf", "workload.num_requests=10", "workload.duration_s=null")
+    assert st.stable and st.burst == 10
+    assert st.verdict.startswith("a burst of 10 requests at t = 0") and "inf" not in st.verdict
+    result = invoke("run", SCENARIOS / "stable.yaml", "--request-rate", "inf", "--num-prompts", "10", "--set",
+                    "workload.duration_s=null", "--no-plots", "--out", tmp_path / "r")
+    assert result.exit_code == 0, result.stderr
+    assert "oversubscribed" not in result.stdout and "∞" not in result.stdout and "inf×" not in result.stdout
+    assert "Verdict: a burst of 10 requests at t = 0" in result.stdout
+    drain = float(next(ln for ln in result.stdout.splitlines() if ln.startswith("Burst drains in about (s):"))
+                  .split()[-1])
+    duration = json.loads((tmp_path / "r" / "summary.json").read_text())["duration"]
+    assert drain == pytest.approx(duration, rel=0.25)  # the closed form's drain against the run's
+
+
+def test_a_client_that_holds_requests_back_is_in_the_verdict(tmp_path):
+    st = stability_of("stable", "workload.max_concurrency=8")
+    assert not st.stable and st.offered_load < 1  # the server could carry it; eight in flight cannot
+    assert st.verdict.startswith("client-bound") and "8 in flight" in st.verdict and "4.0" in st.verdict
+    assert st.client_capacity_requests_per_s == pytest.approx(8 / (500 * (20 + 8 * 0.2) / 1e3), rel=1e-9)
+    result = invoke("run", SCENARIOS / "stable.yaml", "--max-concurrency", "8", "--set", "workload.duration_s=30",
+                    "--no-plots", "--out", tmp_path / "r")
+    assert result.exit_code == 0, result.stderr
+    assert "Verdict: client-bound" in result.stdout
+    wait_ms = json.loads((tmp_path / "r" / "summary.json").read_text())["mean_client_wait_ms"]
+    assert wait_ms > 10_000  # the run agrees: requests wait at the client for many seconds
+    roomy = stability_of("stable", "workload.max_concurrency=64")
+    assert roomy.stable and "64 in flight carry it" in roomy.verdict
+
+
+def test_expected_max_is_the_mean_of_the_longest_of_b_draws():
+    import numpy as np
+
+    from simbatch.analysis.capacity import expected_max
+
+    values = np.random.default_rng(3).lognormal(5, 1.2, 500).astype(int) + 1
+    draws = np.random.default_rng(4).choice(values, size=(200_000, 8)).max(axis=1)
+    assert expected_max(values, 8) == pytest.approx(draws.mean(), rel=0.01)
+    assert expected_max(values, 1) == pytest.approx(values.mean(), rel=1e-12)
+    assert expected_max(np.array([7, 7, 7]), 32) == pytest.approx(7.0)
+
+
+def test_request_level_batching_pays_for_each_batchs_longest_request():
+    continuous = stability_of("heavy_tail")
+    static = stability_of("heavy_tail", "batching.mode=static")
+    assert continuous.stable and not static.stable
+    assert static.capacity_requests_per_s < continuous.capacity_requests_per_s / 2
+    assert stability_of("stable", "batching.mode=static").offered_load == pytest.approx(continuous_load := stability_of(
+        "stable").offered_load, rel=1e-9) and continuous_load < 1  # equal lengths: no straggler to wait for
+
+
+def test_compare_gives_each_column_its_own_verdict(tmp_path):
+    result = invoke("compare", SCENARIOS / "heavy_tail.yaml", "--modes", "static,continuous", "--set",
+                    "workload.num_requests=120", "--no-plots", "--out", tmp_path / "c")
+    assert result.exit_code == 0, result.stderr
+    row = next(ln for ln in result.stdout.splitlines() if ln.startswith("Stability (closed form)"))
+    static, continuous = re.split(r"\s{2,}", row[34:].strip())
+    assert static.startswith("over") and continuous.endswith("%")
+    assert "static: verdict: oversubscribed" in result.stdout and "continuous: verdict: stable" in result.stdout
+    assert "Verdict:" not in result.stdout  # no single verdict above columns it does not describe
+    summary = json.loads((tmp_path / "c" / "summary.json").read_text())
+    assert summary["static"]["stability"]["stable"] is False and summary["continuous"]["stability"]["stable"]
+    ttft = [float(v.replace(",", "")) for v in next(ln for ln in result.stdout.splitlines()
+                                                     if ln.startswith("Mean TTFT (ms)"))[34:].split()]
+    assert ttft[0] > 10 * ttft[1]  # the runs agree with the verdicts

@@ -122,8 +122,26 @@ def _batch(b: float) -> str:
     return f"{b:g}" if float(b).is_integer() else f"{b:.1f}"
 
 
+def _burst_block(st: Stability) -> str:
+    """The check of a finite burst (every request at t = 0): no rate to carry, a time to drain."""
+    slots = st.batch_size * st.replicas
+    lines = [_title("Stability check", "="),
+             f"A burst: {st.burst:,} requests at t = 0 (rate inf), no steady rate to carry",
+             _row("Mean output tokens E[out]:", st.mean_output_tokens, 1),
+             _row(f"Capacity {'' if st.replicas == 1 else f'{st.replicas} × '}B/τ(B) at B = {_batch(st.batch_size)} "
+                  "(tok/s):", st.capacity_tokens_per_s),
+             _row("Full batches the burst fills:", st.burst / slots, 1),
+             _row("Burst drains in about (s):", st.drain_s),
+             _row("Limit that binds:", {"slots": "slots (max_num_seqs)", "memory": "KV memory",
+                                        "compute": "compute (work no batch shares)"}[st.limited_by]),
+             f"Verdict: {st.verdict}", "=" * WIDTH]
+    return "\n".join(lines)
+
+
 def stability_block(st: Stability) -> str:
     """The check to run before any simulation: can this device carry this traffic at all?"""
+    if st.burst:
+        return _burst_block(st)
     per = "" if st.replicas == 1 else f"{st.replicas} × "
     slots = st.batch_size * st.replicas  # a mixed fleet's batch_size is its mean full batch
     lines = [_title("Stability check", "="),
@@ -142,8 +160,10 @@ def stability_block(st: Stability) -> str:
         lines.append(_row("Mean context per decode step (tokens):", st.mean_context_tokens, 0))
     lines += [_row(f"Capacity {per}B/τ(B) at B = {_batch(st.batch_size)} (tok/s):", st.capacity_tokens_per_s),
               _row("Offered load ρ (demand / capacity):", st.offered_load),
-              _row("Replicas the traffic needs (ρ < 1):", st.replicas_needed),
-              _row("Limit that binds:", {"slots": "slots (max_num_seqs)", "memory": "KV memory",
+              _row("Replicas the traffic needs (ρ < 1):", st.replicas_needed)]
+    if st.client_concurrency is not None:
+        lines += [_row(f"Client: {st.client_concurrency} in flight carry (req/s):", st.client_capacity_requests_per_s)]
+    lines += [_row("Limit that binds:", {"slots": "slots (max_num_seqs)", "memory": "KV memory",
                                          "compute": "compute (work no batch shares)"}[st.limited_by]),
               f"Verdict: {st.verdict}",
               _title("Concurrency (Little's law)"),
@@ -266,16 +286,42 @@ def _keyed_rows(summaries: list[Mapping]) -> list[tuple[str, str, int]]:
     return rows
 
 
+def _stability(run) -> Stability | Mapping | None:
+    """A run's stability check: its own (a simulated run), or its summary.json's record (a result folder)."""
+    st = getattr(run, "stability", None)
+    if isinstance(st, Stability):
+        return st
+    record = (getattr(run, "summary", None) or {}).get("stability")
+    return record if isinstance(record, Mapping) else None
+
+
+def verdict_lines(results: Mapping) -> list[str]:
+    """Each column's verdict, in full: ``label: verdict: ...`` (a column without a check has none)."""
+    out = []
+    for label, run in results.items():
+        st = _stability(run)
+        verdict = st.verdict if isinstance(st, Stability) else None if st is None else st.get("verdict")
+        if isinstance(verdict, str):
+            out.append(f"{label}: verdict: {verdict}")
+    return out
+
+
 def compare_table(results: Mapping) -> str:
     """One column per run (``results``: label -> anything with ``summary`` and ``iterations``, which may be None).
 
-    The metrics that tell runs apart, then the per-tenant and per-replica ones (replicas only up to
-    ``MAX_REPLICA_ROWS``). A row that no column has is left out; a value a column lacks is n/a.
+    Each column's stability verdict (its own closed-form check, shortened: :func:`verdict_lines` has it
+    whole), the metrics that tell runs apart, then the per-tenant and per-replica ones (replicas only up
+    to ``MAX_REPLICA_ROWS``). A row that no column has is left out; a value a column lacks is n/a.
     """
     width = max(14, *(len(m) + 2 for m in results))
     summaries = [r.summary for r in results.values()]
     lines = [f"{'':<34}" + "".join(f"{mode:>{width}}" for mode in results),
              "-" * (34 + width * len(results))]
+    checks = [_stability(r) for r in results.values()]
+    if any(c is not None for c in checks):
+        cells = [c.short_verdict if isinstance(c, Stability) else "n/a" if c is None else str(c.get("short_verdict",
+                 "stable" if c.get("stable") else "not stable")) for c in checks]
+        lines.append(f"{'Stability (closed form)':<34}" + "".join(f"{printable(c, width - 1):>{width}}" for c in cells))
     for label, key, digits in (*_COMPARE_ROWS, *_keyed_rows(summaries)):
         if isinstance(key, str) and not any(key in s for s in summaries):
             continue

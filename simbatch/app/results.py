@@ -189,7 +189,8 @@ def summary_record(result: Result) -> dict:
     """``summary.json``: the summary's vLLM keys, the mode, and the stability check."""
     st = result.stability
     return json_safe({"mode": result.scenario.batching.mode, **result.summary,
-                      "stability": {**dataclasses.asdict(st), "stable": st.stable, "verdict": st.verdict}})
+                      "stability": {**dataclasses.asdict(st), "stable": st.stable, "verdict": st.verdict,
+                                    "short_verdict": st.short_verdict}})
 
 
 def _write_json(path: Path, data) -> None:

@@ -168,7 +168,6 @@ def compare(sources: list[Path] = SOURCES_ARG,
     simbatch compare scenarios/heavy_tail.yaml --vary scheduler.policy=fcfs,sjf,priority;
     simbatch compare results/a results/b vllm_result.json
     """
-    from simbatch.analysis.capacity import expected_stability
     from simbatch.app import report, results
     from simbatch.app.compare import CompareInputError, shares_workload, variants
     from simbatch.config import guard
@@ -207,10 +206,11 @@ def compare(sources: list[Path] = SOURCES_ARG,
     shared = generate(first) if shares_workload(list(columns.values())) else None
     workload = shared if shared is not None else generate(first)
     warn(first, workload, mode_fixed=False)
-    say(report.stability_block(expected_stability(first, workload)))
     total = len(shared) if shared is not None else first.workload.num_requests or 0
     runs = {label: _simulate(sc, label, total, quiet, shared) for label, sc in scenarios.items()}
-    say(report.compare_table(runs))
+    say(report.compare_table(runs))  # each column with its own stability verdict: they differ
+    for line in report.verdict_lines(runs):
+        say(line)
     for label, r in runs.items():
         say(f"{label}: {report.littles_law_line(r.summary)}")
     folder = results.write_compare(folder, runs, unique=out is None, with_plots=not no_plots)
@@ -229,5 +229,7 @@ def _compare_runs(sources: list[Path], out: Path | None, no_plots: bool, quiet: 
     folder = out or results.default_folder("compare")
     results.check_target(folder)
     say(report.compare_table(runs))
+    for line in report.verdict_lines(runs):
+        say(line)
     folder = write_sources(folder, sources, runs, with_plots=not no_plots, unique=out is None)
     typer.echo(f"Results written to {printable(folder)}" if not quiet else printable(folder))
