@@ -554,3 +554,29 @@ def test_compare_gives_each_column_its_own_verdict(tmp_path):
     ttft = [float(v.replace(",", "")) for v in next(ln for ln in result.stdout.splitlines()
                                                      if ln.startswith("Mean TTFT (ms)"))[34:].split()]
     assert ttft[0] > 10 * ttft[1]  # the runs agree with the verdicts
+
+
+# ================================================================== report.html has the numbers
+def test_a_run_named_with_an_escaped_emoji_writes_a_report_with_its_numbers(tmp_path):
+    (tmp_path / "e.yaml").write_text('name: "\\ud83d\\ude80 launch"\n'
+                                     + yaml.safe_dump({k: v for k, v in SMALL.items() if k != "name"}))
+    out = tmp_path / "r"
+    result = invoke("run", tmp_path / "e.yaml", "--out", out)
+    assert result.exit_code == 0, result.stderr
+    page = (out / "report.html").read_text(encoding="utf-8")
+    for text in ("Request throughput (req/s):", "Mean TTFT (ms):", "Stability check", "Verdict: stable",
+                 "max_num_batched_tokens: 512", "launch"):
+        assert text in page, text
+    assert "<script>alert" not in page
+
+
+def test_a_comparison_report_has_the_table_and_each_verdict(tmp_path, run_folder):
+    hostile = {**SMALL, "name": "<script>alert(1)</script>"}
+    out = tmp_path / "c"
+    result = invoke("compare", scenario(tmp_path, hostile), "--modes", "static,continuous", "--out", out)
+    assert result.exit_code == 0, result.stderr
+    page = (out / "report.html").read_text(encoding="utf-8")
+    for text in ("Stability (closed form)", "static: verdict:", "continuous: verdict:", "Mean TTFT (ms)",
+                 "mode: static", "mode: continuous"):
+        assert text in page, text
+    assert "<script>alert(1)" not in page
