@@ -580,3 +580,28 @@ def test_a_comparison_report_has_the_table_and_each_verdict(tmp_path, run_folder
                  "mode: static", "mode: continuous"):
         assert text in page, text
     assert "<script>alert(1)" not in page
+
+
+# ================================================================== compare's columns say what they are
+def test_vary_columns_are_labelled_by_key_and_value(tmp_path):
+    from simbatch.app.compare import variants
+
+    assert list(variants(["kv_cache.enable_prefix_caching=true,false"], [])) == ["enable_prefix_caching=true",
+                                                                                 "enable_prefix_caching=false"]
+    assert list(variants(["batching.mode=static,continuous"], [])) == ["static", "continuous"]  # a mode names itself
+    out = tmp_path / "c"
+    result = invoke("compare", scenario(tmp_path), "--vary", "batching.max_num_seqs=4,8", "--no-plots", "--out", out)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.splitlines()[0].split() == ["max_num_seqs=4", "max_num_seqs=8"]
+    assert {p.name for p in out.iterdir()} >= {"max_num_seqs=4", "max_num_seqs=8"}
+
+
+def test_result_folders_are_labelled_by_their_scenario(tmp_path, run_folder):
+    other = {**SMALL, "name": "other"}
+    assert invoke("run", scenario(tmp_path, other), "--no-plots", "--quiet", "--out", tmp_path / "o").exit_code == 0
+    a, b = copy_of(run_folder, tmp_path / "20240101-000000"), copy_of(run_folder, tmp_path / "20240102-000000")
+    result = invoke("compare", a, tmp_path / "o", "--no-plots", "--out", tmp_path / "c1")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.splitlines()[0].split() == ["small", "other"]
+    result = invoke("compare", a, b, "--no-plots", "--out", tmp_path / "c2")
+    assert result.stdout.splitlines()[0].split() == ["small/20240101-000000", "small/20240102-000000"]

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 from pydantic import ValidationError
 
+from simbatch.app.text import printable
 from simbatch.config import Scenario
 
 VLLM_KEYS = ("duration", "completed", "total_input_tokens", "total_output_tokens", "request_throughput",
@@ -54,7 +55,9 @@ def variants(vary: list[str], groups: list[str]) -> dict[str, list[str]]:
         axes.append([(key.strip(), v) for v in items])
     columns: list[tuple[str, list[str]]] = []
     for combo in itertools.product(*axes) if axes else []:
-        label = combo[0][1] if len(combo) == 1 else ",".join(f"{_short(k)}={v}" for k, v in combo)
+        # A column says what it is: key=value (a bare true or 0.5 says nothing), but a batching mode names itself.
+        label = combo[0][1] if len(combo) == 1 and combo[0][0] == "batching.mode" else \
+            ",".join(f"{_short(k)}={v}" for k, v in combo)
         columns.append((label, [f"{k}={v}" for k, v in combo]))
     for text in groups:
         sets = [s.strip() for s in text.split(";") if s.strip()]
@@ -189,7 +192,7 @@ def _load_folder(path: Path, force: bool, warn) -> Source:
     requests = _read_frame(files[1], REQUEST_COLUMNS, force)
     requests["status"] = pd.Categorical(requests["status"].astype(str))
     requests["tenant"] = pd.Categorical(requests["tenant"].astype(str))
-    return Source(_safe(path.name), _numbers(files[0], summary, warn), requests,
+    return Source(printable(scenario.name, 40), _numbers(files[0], summary, warn), requests,
                   _read_frame(files[2], ITERATION_COLUMNS, force), scenario)
 
 
@@ -215,10 +218,15 @@ def load_source(path: Path, force: bool = False, warn=lambda line: None) -> Sour
 
 
 def load_sources(paths: list[Path], force: bool = False, warn=lambda line: None) -> dict[str, Source]:
-    """Label -> source; labels are the folder or file names, made unique with a ``-2``, ``-3``."""
+    """Label -> source; a result folder is labelled by its scenario's name (``name/folder`` when several
+    share one), a vLLM file by its name; what is still alike gets a ``-2``, ``-3``."""
+    sources = [load_source(path, force, warn) for path in paths]
+    names = [s.label for s in sources]
+    for path, source in zip(paths, sources, strict=True):
+        if source.scenario is not None and names.count(source.label) > 1:
+            source.label = f"{source.label}/{printable(path.name, 40)}"
     out: dict[str, Source] = {}
-    for path in paths:
-        source = load_source(path, force, warn)
+    for source in sources:
         label, n = source.label, 1
         while label in out:
             n += 1
