@@ -605,3 +605,49 @@ def test_result_folders_are_labelled_by_their_scenario(tmp_path, run_folder):
     assert result.stdout.splitlines()[0].split() == ["small", "other"]
     result = invoke("compare", a, b, "--no-plots", "--out", tmp_path / "c2")
     assert result.stdout.splitlines()[0].split() == ["small/20240101-000000", "small/20240102-000000"]
+
+
+# ================================================================== sweeps keep every result, and say how to resume
+def test_a_second_sweep_gets_a_folder_of_its_own(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = scenario(tmp_path)
+    for rates in ("1,2", "3"):
+        result = invoke("sweep", path, "-p", f"workload.arrival.rate={rates}", "-r", "1", "-w", "1", "--no-plots")
+        assert result.exit_code == 0, result.stderr
+    folders = sorted((tmp_path / "results" / "small").iterdir())
+    assert [f.name.startswith("sweep-") for f in folders] == [True, True]
+    assert sorted(len(__import__("pandas").read_csv(f / "summary.csv")) for f in folders) == [1, 2]
+
+
+def test_capacity_search_has_timestamped_folders_and_no_plots(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ("capacity-search", scenario(tmp_path), "--slo", "ttft_p99_ms=2000", "-r", "1", "-w", "1",
+            "--tolerance", "0.2", "--no-plots")
+    for _ in range(2):
+        result = invoke(*args)
+        assert result.exit_code == 0, result.stderr
+    folders = sorted((tmp_path / "results" / "small").iterdir())
+    assert len(folders) == 2 and all(f.name.startswith("capacity-") for f in folders)
+    assert {p.name for p in folders[0].iterdir()} == {"manifest.json", "points", "capacity.csv", "probes.csv"}
+    assert "slo_vs_rate.png" not in result.stdout
+
+
+def test_an_interrupted_sweep_says_how_to_resume(tmp_path, monkeypatch):
+    from simbatch.app.sweep import runner
+
+    calls = []
+
+    def interrupted(sc):
+        calls.append(sc)
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return real(sc)
+
+    real = runner.simulate_run
+    monkeypatch.setattr(runner, "simulate_run", interrupted)
+    monkeypatch.chdir(tmp_path)
+    result = invoke("sweep", scenario(tmp_path), "-p", "workload.arrival.rate=1,2", "-r", "1", "-w", "1", "--no-plots")
+    assert result.exit_code == 130
+    folder = next((tmp_path / "results" / "small").iterdir())
+    assert result.stderr.splitlines()[0] == "interrupted"
+    assert f"--out {Path('results') / 'small' / folder.name}" in result.stderr

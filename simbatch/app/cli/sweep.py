@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -40,8 +41,11 @@ AddressOpt = Annotated[str | None, typer.Option(
     help="Run on this Dask distributed cluster instead of local processes (see docs/distributed.md).")]
 OutOpt = Annotated[Path | None, typer.Option(
     "--out", "-o", metavar="DIR",
-    help="Output folder (default: results/<scenario name>/sweep, or /capacity-<SLOs>-<hash of the arguments>); "
-         "rerunning the same command into it resumes.")]
+    help="Output folder (default: results/<scenario name>/sweep-<time>, or capacity-<time>); rerunning the "
+         "command with --out an earlier folder resumes it, reusing its finished runs.")]
+NoPlotsOpt = Annotated[bool, typer.Option("--no-plots", help="Write the CSV files only, no plots.")]
+
+_WRITING: list[Path] = []  # the folder the command writes its runs to, once it is known (to say how to resume)
 ForceOpt = Annotated[bool, typer.Option(
     "--force", help="Run even when the size estimate is above the limit (see docs/errors.md).")]
 
@@ -73,7 +77,15 @@ def _reports_bad_input(command: Callable) -> Callable:
                 raise OutputError(f"cannot write {where}{exc.strerror or exc}; free some space or choose "
                                   "another --out, then rerun to resume") from None
 
-        return checked()
+        try:
+            return checked()
+        except typer.Exit as exc:
+            if exc.exit_code in (128 + signal.SIGINT, 128 + signal.SIGTERM) and _WRITING:
+                typer.echo(printable(f"the finished runs are in {_WRITING[0]}: run the command again with --out "
+                                     f"{_WRITING[0]} to resume"), err=True)
+            raise
+        finally:
+            _WRITING.clear()
 
     return wrapper
 
@@ -123,7 +135,7 @@ def sweep(
     workers: WorkersOpt = None,
     scheduler_address: AddressOpt = None,
     out: OutOpt = None,
-    no_plots: Annotated[bool, typer.Option("--no-plots", help="Write summary.csv only, no plots.")] = False,
+    no_plots: NoPlotsOpt = False,
     force: ForceOpt = False,
 ) -> None:
     """Run a scenario over a grid of parameters with replications: summary.csv (means, 95 % CIs) and plots.
@@ -137,6 +149,7 @@ def sweep(
 
     _check(replications, workers, scheduler_address)
     plan = Sweep.plan(scenario, param or [], set_ or [], replications, out, force)
+    _WRITING.append(plan.out)
     with _connect(workers, scheduler_address) as executor, _progress(len(plan.points), "points") as advance:
         frame, plots = plan.run(executor, advance, with_plots=not no_plots)
     failed = frame[frame["error"] != ""]
@@ -215,6 +228,7 @@ def capacity_search(
     workers: WorkersOpt = None,
     scheduler_address: AddressOpt = None,
     out: OutOpt = None,
+    no_plots: NoPlotsOpt = False,
     force: ForceOpt = False,
 ) -> None:
     """The highest arrival rate meeting every SLO, per configuration: bisection below the analytic capacity.
@@ -228,6 +242,7 @@ def capacity_search(
 
     _check(replications, workers, scheduler_address)
     plan = CapacitySearch.plan(scenario, param or [], set_ or [], slo or [], replications, tolerance, out, force)
+    _WRITING.append(plan.out)
     with _connect(workers, scheduler_address) as executor, \
             _progress(len(plan.configs), "configurations") as advance:
         frame = plan.run(executor, advance)
@@ -246,7 +261,7 @@ def capacity_search(
     from simbatch.app.sweep.plots import plot_slo_vs_rate
 
     written = [plan.out / "capacity.csv", plan.out / "probes.csv"]
-    if len(plan.probes):
+    if len(plan.probes) and not no_plots:
         written.append(plot_slo_vs_rate(plan.probes, plan.slos, plan.keys, frame,
                                         plan.out / "slo_vs_rate.png"))
     for path in written:
