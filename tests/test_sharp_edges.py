@@ -651,3 +651,51 @@ def test_an_interrupted_sweep_says_how_to_resume(tmp_path, monkeypatch):
     folder = next((tmp_path / "results" / "small").iterdir())
     assert result.stderr.splitlines()[0] == "interrupted"
     assert f"--out {Path('results') / 'small' / folder.name}" in result.stderr
+
+
+# ================================================================== --json for scripts
+def test_run_json_is_one_document_on_stdout(tmp_path):
+    result = invoke("run", scenario(tmp_path), "--json", "--no-plots", "--out", tmp_path / "r")
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["folder"] == str(tmp_path / "r")
+    assert doc["summary"] == json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert doc["summary"]["stability"]["verdict"].startswith("stable")
+
+
+def test_compare_json_has_a_summary_per_column(tmp_path, run_folder):
+    result = invoke("compare", scenario(tmp_path), "--modes", "static,continuous", "--json", "--no-plots",
+                    "--out", tmp_path / "c")
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert list(doc["columns"]) == ["static", "continuous"] and doc["folder"] == str(tmp_path / "c")
+    assert doc["columns"]["static"]["mode"] == "static"
+    result = invoke("compare", run_folder, copy_of(run_folder, tmp_path / "again"), "--json", "--no-plots",
+                    "--out", tmp_path / "c2")
+    assert result.exit_code == 0, result.stderr
+    assert len(json.loads(result.stdout)["columns"]) == 2
+
+
+def test_capacity_json_has_the_curve_and_the_check():
+    doc = json.loads((result := invoke("capacity", "--rate", "3", "--mean-output-tokens", "500", "--json")).stdout)
+    assert result.exit_code == 0
+    rows = {row["batch_size"]: row for row in doc["curve"]}
+    assert rows[64]["tokens_per_s"] == pytest.approx(64 / (20 + 0.2 * 64) * 1e3, rel=1e-9)
+    assert doc["stability"]["offered_load"] == pytest.approx(3 * 500 / rows[64]["tokens_per_s"], rel=1e-9)
+    assert doc["stability"]["verdict"].startswith("stable")
+    doc = json.loads(invoke("capacity", "--json").stdout)
+    assert doc["stability"] is None and len(doc["curve"]) == 7
+
+
+def test_sweep_and_capacity_search_json(tmp_path):
+    result = invoke("sweep", scenario(tmp_path), "-p", "workload.arrival.rate=1,2", "-r", "1", "-w", "1",
+                    "--no-plots", "--json", "-o", tmp_path / "sw")
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["folder"] == str(tmp_path / "sw") and [p["workload.arrival.rate"] for p in doc["points"]] == [1, 2]
+    assert doc["points"][0]["request_throughput_mean"] > 0
+    result = invoke("capacity-search", scenario(tmp_path), "--slo", "ttft_p99_ms=2000", "-r", "1", "-w", "1",
+                    "--tolerance", "0.2", "--json", "-o", tmp_path / "cs")
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["configurations"][0]["max_rate"] > 0 and doc["folder"] == str(tmp_path / "cs")

@@ -330,11 +330,20 @@ def compare_table(results: Mapping) -> str:
     return "\n".join(lines)
 
 
+def capacity_curve(device: Device, max_num_seqs: int, context_tokens: float = 0.0) -> list[dict[str, float]]:
+    """The analytic throughput curve at B = 1, 2, 4, ... and at max_num_seqs, one replica: per B its step
+    time τ(B) (ms; with speculative decoding the speculating step) and tokens/s B / τ(B) (B·E / τ(B))."""
+    sizes = sorted({*(2**k for k in range(max_num_seqs.bit_length()) if 2**k < max_num_seqs), max_num_seqs})
+    spec, cost = device.speculative, LinearCost.of(device)
+    return [{"batch_size": b, "step_ms": speculative.step_ms(cost, b, spec.num_speculative_tokens if spec else 0,
+                                                               context_tokens),
+             "tokens_per_s": b / token_step_s(device, b, context_tokens)} for b in sizes]
+
+
 def capacity_table(device: Device, max_num_seqs: int, replicas: int = 1, context_tokens: float = 0.0) -> str:
     """The analytic throughput curve B / τ(B) at B = 1, 2, 4, ... and at max_num_seqs, each sequence
     reading ``context_tokens`` of cached context (which costs only with device.kv_read_ms_per_1k_tokens)."""
     roofline = roofline_tokens_per_s(device, context_tokens)
-    sizes = sorted({*(2**k for k in range(max_num_seqs.bit_length()) if 2**k < max_num_seqs), max_num_seqs})
     per = " per replica" if replicas > 1 else ""
     if device.kv_read_ms_per_1k_tokens:
         formula = (f"Step time τ(B) = {device.tau0_ms:g} + ({device.beta_ms:g} + {device.kv_read_ms_per_1k_tokens:g}"
@@ -344,16 +353,15 @@ def capacity_table(device: Device, max_num_seqs: int, replicas: int = 1, context
     lines = [_title("Capacity (analytic)", "="),
              f"{formula}{_fmt(roofline, 0)} tok/s{per}",
              f"{'B':>8}{'τ(B) (ms)':>12}{'tokens/s' + per:>{14 + len(per)}}{'% of roofline':>16}"]
-    spec, cost = device.speculative, LinearCost.of(device)
+    spec = device.speculative
     if spec is not None:
         k, alpha = spec.num_speculative_tokens, spec.acceptance_rate
         lines.insert(2, f"Speculative decoding, k = {k}, α = {alpha:g}: "
                         f"{speculative.tokens_per_step(spec):.2f} tokens per step; τ(B) below is the "
                         f"speculating step, tokens/s B·E/τ(B)")
-    for b in sizes:
-        tps = b / token_step_s(device, b, context_tokens)
+    for row in capacity_curve(device, max_num_seqs, context_tokens):
+        b, step_ms, tps = row["batch_size"], row["step_ms"], row["tokens_per_s"]
         share = "n/a" if math.isinf(roofline) else f"{100 * tps / roofline:.1f} %"
-        step_ms = speculative.step_ms(cost, b, spec.num_speculative_tokens if spec else 0, context_tokens)
         lines.append(f"{b:>8}{step_ms:>12.2f}{tps:>{14 + len(per)},.2f}{share:>16}")
     if replicas > 1:
         lines.append(f"With {replicas} replicas at B = {max_num_seqs}: "

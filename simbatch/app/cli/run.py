@@ -17,7 +17,16 @@ from simbatch.app.cli.bench_flags import (
     RequestRateOpt,
     bench_overrides,
 )
-from simbatch.app.cli.common import FORCE_OPT, BadInput, overrides, progress, reports_bad_input, warn
+from simbatch.app.cli.common import (
+    FORCE_OPT,
+    JSON_OPT,
+    BadInput,
+    emit_json,
+    overrides,
+    progress,
+    reports_bad_input,
+    warn,
+)
 from simbatch.app.text import printable
 
 if TYPE_CHECKING:
@@ -85,7 +94,7 @@ def run(scenario_file: Path = SCENARIO_ARG,
         num_prompts: NumPromptsOpt = None, max_concurrency: MaxConcurrencyOpt = None,
         percentile_metrics: PercentileMetricsOpt = None, metric_percentiles: MetricPercentilesOpt = None,
         goodput: GoodputOpt = None, force: bool = FORCE_OPT, trace: bool = TRACE_OPT,
-        trace_max_requests: int = TRACE_MAX_OPT) -> None:
+        trace_max_requests: int = TRACE_MAX_OPT, as_json: bool = JSON_OPT) -> None:
     """Simulate a scenario: stability check, result table, Little's law, and a result folder.
 
     The flags named as in `vllm bench serve` (--request-rate, --burstiness, --num-prompts,
@@ -107,7 +116,7 @@ def run(scenario_file: Path = SCENARIO_ARG,
     results.check_target(folder)
     workload = generate(scenario)
     warn(scenario, workload)
-    say = (lambda text: None) if quiet else typer.echo
+    say = (lambda text: None) if quiet or as_json else typer.echo
     if block := preset_block(scenario):
         say(block)
     say(report.stability_block(expected_stability(scenario, workload)))
@@ -123,6 +132,9 @@ def run(scenario_file: Path = SCENARIO_ARG,
     folder = results.write_run(folder, result, unique=out is None, with_plots=not no_plots, trace=tracer)
     if tracer is not None and tracer.notice:
         say(tracer.notice)
+    if as_json:
+        emit_json({"folder": str(folder), "summary": results.summary_record(result)})
+        return
     typer.echo(f"Results written to {printable(folder)}" if not quiet else printable(folder))
 
 
@@ -162,7 +174,7 @@ def compare(sources: list[Path] = SOURCES_ARG,
             burstiness: BurstinessOpt = None, num_prompts: NumPromptsOpt = None,
             max_concurrency: MaxConcurrencyOpt = None, percentile_metrics: PercentileMetricsOpt = None,
             metric_percentiles: MetricPercentilesOpt = None, goodput: GoodputOpt = None,
-            force: bool = FORCE_OPT) -> None:
+            force: bool = FORCE_OPT, as_json: bool = JSON_OPT) -> None:
     """Side by side: one scenario's variants on the very same requests, or existing runs.
 
     simbatch compare scenarios/heavy_tail.yaml --vary scheduler.policy=fcfs,sjf,priority;
@@ -174,7 +186,7 @@ def compare(sources: list[Path] = SOURCES_ARG,
     from simbatch.config.loading import load_scenario
     from simbatch.workload import generate
 
-    say = (lambda text: None) if quiet else typer.echo
+    say = (lambda text: None) if quiet or as_json else typer.echo
     bench = bench_overrides(request_rate, burstiness, num_prompts, max_concurrency, percentile_metrics,
                             metric_percentiles, goodput)
     try:
@@ -184,7 +196,7 @@ def compare(sources: list[Path] = SOURCES_ARG,
                      if value]
             if given:
                 raise BadInput(f"{given[0]}: applies to a scenario, and these are existing runs; remove it")
-            _compare_runs(sources, out, no_plots, quiet, say, force)
+            _compare_runs(sources, out, no_plots, quiet, say, force, as_json)
             return
         axes = list(vary or [])
         if modes is not None or not (axes or variant):
@@ -214,10 +226,14 @@ def compare(sources: list[Path] = SOURCES_ARG,
     for label, r in runs.items():
         say(f"{label}: {report.littles_law_line(r.summary)}")
     folder = results.write_compare(folder, runs, unique=out is None, with_plots=not no_plots)
+    if as_json:
+        emit_json({"folder": str(folder), "columns": {label: results.summary_record(r) for label, r in runs.items()}})
+        return
     typer.echo(f"Results written to {printable(folder)}" if not quiet else printable(folder))
 
 
-def _compare_runs(sources: list[Path], out: Path | None, no_plots: bool, quiet: bool, say, force: bool) -> None:
+def _compare_runs(sources: list[Path], out: Path | None, no_plots: bool, quiet: bool, say, force: bool,
+                  as_json: bool) -> None:
     """``compare`` of existing runs: result folders and vLLM result files, read, tabled, plotted."""
     from simbatch.app import report, results
     from simbatch.app.compare import load_sources, write_sources
@@ -232,4 +248,7 @@ def _compare_runs(sources: list[Path], out: Path | None, no_plots: bool, quiet: 
     for line in report.verdict_lines(runs):
         say(line)
     folder = write_sources(folder, sources, runs, with_plots=not no_plots, unique=out is None)
+    if as_json:
+        emit_json({"folder": str(folder), "columns": {label: s.summary for label, s in runs.items()}})
+        return
     typer.echo(f"Results written to {printable(folder)}" if not quiet else printable(folder))
