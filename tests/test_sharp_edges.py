@@ -699,3 +699,23 @@ def test_sweep_and_capacity_search_json(tmp_path):
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
     assert doc["configurations"][0]["max_rate"] > 0 and doc["folder"] == str(tmp_path / "cs")
+
+
+# ================================================================== shell completion
+def test_install_completion_writes_the_script_and_it_completes(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from simbatch.app.cli import app
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("SHELL", "/bin/bash")
+    result = CliRunner().invoke(app, ["--install-completion", "bash"], prog_name="simbatch")
+    assert result.exit_code == 0, result.output
+    assert "source" in (tmp_path / ".bashrc").read_text()
+    script = next((tmp_path / ".bash_completions").glob("simbatch*"))
+    assert "_SIMBATCH_COMPLETE" in script.read_text()
+    env = {"_SIMBATCH_COMPLETE": "complete_bash", "COMP_WORDS": "simbatch c", "COMP_CWORD": "1"}
+    done = CliRunner().invoke(app, [], prog_name="simbatch", env=env)
+    assert {"compare", "capacity", "capacity-search", "calibrate"} <= set(done.output.split())
+    env = {"_SIMBATCH_COMPLETE": "complete_bash", "COMP_WORDS": "simbatch run --goo", "COMP_CWORD": "2"}
+    assert "--goodput" in CliRunner().invoke(app, [], prog_name="simbatch", env=env).output.split()

@@ -36,7 +36,7 @@ app = typer.Typer(
     name="simbatch",
     help="Simulate how an LLM inference server batches and schedules requests.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
 for command in (run, compare):
