@@ -719,3 +719,37 @@ def test_install_completion_writes_the_script_and_it_completes(tmp_path, monkeyp
     assert {"compare", "capacity", "capacity-search", "calibrate"} <= set(done.output.split())
     env = {"_SIMBATCH_COMPLETE": "complete_bash", "COMP_WORDS": "simbatch run --goo", "COMP_CWORD": "2"}
     assert "--goodput" in CliRunner().invoke(app, [], prog_name="simbatch", env=env).output.split()
+
+
+# ================================================================== a cost no GPU has
+@pytest.mark.parametrize(("key", "value", "words"), [
+    ("tau0_ms", 0.02, ["device.tau0_ms is 0.02 ms", "seconds", "20 ms"]),
+    ("tau0_ms", 20_000, ["device.tau0_ms is 20000 ms", "microseconds", "20 ms"]),
+    ("beta_ms", 500, ["device.beta_ms is 500 ms"]),
+    ("prefill_ms_per_token", 1e-7, ["device.prefill_ms_per_token"]),
+])
+def test_a_cost_outside_what_any_gpu_does_is_warned_about(tmp_path, key, value, words):
+    result = invoke("validate", scenario(tmp_path), "--set", f"device.{key}={value}")
+    assert result.exit_code == 0, result.stderr
+    warning = next(ln for ln in result.stderr.splitlines() if f"device.{key}" in ln)
+    assert warning.startswith("warning: ") and all(w in warning for w in words), warning
+
+
+def test_every_preset_and_the_defaults_are_within_the_plausible_costs(tmp_path):
+    from simbatch.app.advice import PLAUSIBLE_MS
+    from simbatch.config import Device
+    from simbatch.hardware.cards import shipped
+    from simbatch.hardware.preset import Deployment, fitted
+
+    gpus, models = shipped()
+    for gpu in gpus.values():
+        for model in models.values():
+            for tp in (1, 2, 4, 8):
+                for fp8 in (False, True) if gpu.fp8_tflops else (False,):
+                    for key, ms in Deployment(model, gpu, tp, fp8).device_ms(fitted()[0]).items():
+                        low, high = PLAUSIBLE_MS[key]
+                        assert low <= ms <= high, (model.name, gpu.name, tp, fp8, key, ms)
+    for key, (low, high) in PLAUSIBLE_MS.items():
+        default = Device.model_fields[key].default
+        assert default == 0 or low <= default <= high
+    assert "warning" not in invoke("validate", scenario(tmp_path)).stderr
