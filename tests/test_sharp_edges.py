@@ -753,3 +753,63 @@ def test_every_preset_and_the_defaults_are_within_the_plausible_costs(tmp_path):
         default = Device.model_fields[key].default
         assert default == 0 or low <= default <= high
     assert "warning" not in invoke("validate", scenario(tmp_path)).stderr
+
+
+# ================================================================== physical bounds: a line, not a silent absurdity
+DISAGGREGATED = SCENARIOS / "disaggregated.yaml"
+
+
+@pytest.mark.parametrize(("path", "sets", "words"), [
+    (DISAGGREGATED, ["cluster.disaggregated.kv_transfer.latency_ms=1e300"],
+     ["cluster.disaggregated.kv_transfer.latency_ms", "less than or equal to 60000"]),
+    (DISAGGREGATED, ["cluster.disaggregated.kv_transfer.bandwidth_gb_s=1e-300"],
+     ["cluster.disaggregated.kv_transfer.bandwidth_gb_s", "greater than or equal to 0.001"]),
+    (DISAGGREGATED, ["cluster.disaggregated.kv_bytes_per_token=1e308"],
+     ["cluster.disaggregated.kv_bytes_per_token", "less than or equal to 1000000000"]),
+    (SCENARIOS / "speculative.yaml", ["device.speculative.draft_cost_fraction=1e308"],
+     ["device.speculative.draft_cost_fraction", "less than or equal to 10"]),
+    (None, ["device.tau0_ms=1e305"], ["device.tau0_ms", "less than or equal to 1000000"]),
+    (None, ["device.beta_ms=1e305"], ["device.beta_ms"]),
+    (None, ["kv_cache.num_blocks=100000000000000000000000"], ["kv_cache.num_blocks", "100,000,000"]),
+    (None, ["kv_cache.gpu_kv_cache_tokens=100000000000000000000"], ["kv_cache.gpu_kv_cache_tokens"]),
+    (None, ["sim.max_time_s=1e300"], ["sim.max_time_s", "the simulation clock"]),
+    (None, ["workload.duration_s=1e300"], ["workload.duration_s", "the simulation clock"]),
+    (None, ["scheduler.aging_s=1e300", "scheduler.policy=priority"], ["scheduler.aging_s"]),
+    (None, ["batching.max_queue_delay_ms=1e300"], ["batching.max_queue_delay_ms"]),
+    (None, ["device.preset=llama-3.1-8b/H100-SXM", "device.gpu_card={name: MyGPU, memory_gib: 80, "
+            "memory_bandwidth_gb_s: 3000, bf16_tflops: 900, interconnect_gb_s: 400}"],
+     ["device: gpu_card 'MyGPU' is not the GPU the preset names ('H100-SXM')"]),
+    (None, ["device.preset=llama-3.1-8b/G", "device.gpu_card={name: G, memory_gib: 1e15, "
+            "memory_bandwidth_gb_s: 3000, bf16_tflops: 900, interconnect_gb_s: 400}"],
+     ["device.gpu_card.memory_gib", "less than or equal to 10000"]),
+    (None, ["device.preset=llama-3.1-70b/L4", "kv_cache.num_blocks=1000"],
+     ["device.preset", "llama-3.1-70b/L4", "weights", "exceed", "tp"]),
+])
+def test_physically_absurd_settings_are_refused(tmp_path, path, sets, words):
+    args = [a for s in sets for a in ("--set", s)]
+    one_line(invoke("validate", path or scenario(tmp_path), *args), *words)
+
+
+def test_explore_answers_an_absurd_cost_with_a_400(tmp_path):
+    import threading
+
+    from simbatch.app.explore import make_server
+
+    server = make_server(scenario(tmp_path))
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        status, body, _ = http_get(server.server_port, "/simulate?tau0_ms=1e305")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert status == 400 and "device.tau0_ms" in json.loads(body)["error"]
+
+
+def test_a_num_blocks_the_gpu_cannot_hold_is_warned_about(tmp_path):
+    result = invoke("validate", scenario(tmp_path), "--set", "device.preset=llama-3.1-8b/L4", "--set",
+                    "kv_cache.num_blocks=100000")
+    assert result.exit_code == 0, result.stderr
+    assert "warning: kv_cache.num_blocks" in result.stderr and "auto" in result.stderr
+    result = invoke("validate", scenario(tmp_path), "--set", "device.preset=llama-3.1-8b/L4", "--set",
+                    "kv_cache.num_blocks=auto")
+    assert result.exit_code == 0 and "num_blocks" not in result.stderr

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simbatch.config import Batching, Scenario, replica_scenarios
+from simbatch.config import Batching, Scenario, replica_scenarios, sized_caches
 from simbatch.engine import rejection_reasons
 from simbatch.workload import WorkloadArrays
 
@@ -47,12 +47,8 @@ is an idealisation (that cost left out), not a typo. tests/test_sharp_edges.py k
 
 def _implausible_costs(scenario: Scenario) -> list[str]:
     """A warning per device cost outside :data:`PLAUSIBLE_MS`, with the value it may have meant."""
-    cluster = scenario.cluster
-    specs = cluster.groups() or []
-    names = ["cluster.disaggregated.prefill", "cluster.disaggregated.decode"] if cluster.disaggregated else \
-        [f"cluster.replica_specs.{i}" for i in range(len(specs))]
     devices = [("device", scenario.device)] + [(f"{where}.device", spec.device)
-                                               for where, spec in zip(names, specs, strict=True) if spec.device]
+                                               for where, spec in scenario.cluster.named_groups() if spec.device]
     out = []
     for where, device in devices:
         for key, (low, high) in PLAUSIBLE_MS.items():
@@ -63,6 +59,30 @@ def _implausible_costs(scenario: Scenario) -> list[str]:
             elif value > high:
                 out.append(f"{where}.{key} is {value:g} ms, above what any GPU's step costs (at most {high:g} ms); "
                            f"is it in microseconds? {value / 1e3:g} ms")
+    return out
+
+
+def _blocks_beyond_memory(scenario: Scenario) -> list[str]:
+    """A warning when a cache of a given number of blocks (not sized by resolution) is more than the preset's
+    GPU holds, as vLLM sizes it."""
+    from simbatch.config.resolve import deployment
+    from simbatch.hardware.memory import kv_budget
+
+    record = scenario.resolution or {}
+    out = []
+    for where, _, kv, device, b in sized_caches(scenario):
+        made = record.get(f"{where}.num_blocks")
+        if device.preset is None or made is not None and made.decided:
+            continue
+        try:
+            budget = kv_budget(deployment(device), kv.block_size, kv.gpu_memory_utilization,
+                               b.max_num_batched_tokens, b.max_num_seqs, kv.activation_reserve_gib)
+            room, why = budget.blocks, budget.describe()
+        except ValueError:
+            room, why = 0, "no room beside the weights and activations"
+        if kv.num_blocks > room:
+            out.append(f"{where}.num_blocks {kv.num_blocks:,} is more than {device.preset} holds ({room:,} blocks "
+                       f"of {kv.block_size} tokens: {why}); num_blocks: auto sizes the cache as vLLM does")
     return out
 
 
@@ -86,7 +106,7 @@ def advisories(scenario: Scenario, workload: WorkloadArrays, mode_fixed: bool = 
     ``mode_fixed``: the batching mode is the scenario's (``run``). A scenario checked for
     ``compare`` (or by ``validate``, which cannot know) keeps each mode's knobs without a warning.
     """
-    out = _implausible_costs(scenario)
+    out = _implausible_costs(scenario) + _blocks_beyond_memory(scenario)
     rejected = _rejected_everywhere(scenario, workload)
     if rejected:
         out.append(rejected)

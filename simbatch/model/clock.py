@@ -33,8 +33,10 @@ import numpy as np
 import simpy
 from simpy.core import URGENT
 
+from simbatch.config.base import MAX_TIME_S
+
 NS_PER_S = 1_000_000_000
-MAX_ARRIVAL_S = 2**62 / NS_PER_S
+MAX_ARRIVAL_S = MAX_TIME_S
 """The latest arrival the clock takes, s (about 4.6e9 s, 146 years): half of what int64 nanoseconds hold."""
 
 
