@@ -7,9 +7,11 @@ scenarios of a few requests; the servers run in a thread of this process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -194,11 +196,21 @@ def test_compare_caps_what_it_reads_from_a_result_folder(run_folder, tmp_path, m
 
 
 # ================================================================== the servers' reach
+@contextlib.contextmanager
+def serving(server):
+    """``server`` answering in a thread of this process until the block ends."""
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @pytest.fixture
 def viewer(tmp_path):
     """``simbatch view``'s server of a folder holding a report, a plot and a symlink out; its base URL."""
     import os
-    import threading
 
     from simbatch.app.cli.view import make_server
 
@@ -209,12 +221,8 @@ def viewer(tmp_path):
     (tmp_path / "secret.txt").write_text("secret")
     os.symlink("/", folder / "link")
     os.symlink(tmp_path / "secret.txt", folder / "plots" / "b.png")
-    server = make_server(folder)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    with serving(make_server(folder)) as server:
+        yield server
 
 
 def http_get(port: int, path: str, host: str | None = None) -> tuple[int, bytes, dict]:
@@ -263,21 +271,14 @@ def test_view_refuses_another_host_dns_rebinding(viewer, host):
 
 
 def test_explore_refuses_another_host(tmp_path):
-    import threading
 
     from simbatch.app.explore import make_server
 
-    server = make_server(scenario(tmp_path))
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
+    with serving(make_server(scenario(tmp_path))) as server:
         port = server.server_port
         assert http_get(port, "/")[0] == 200
         status, body, _ = http_get(port, "/simulate?rate=3", f"rebound.example:{port}")
-        assert status == 403 and b"summary" not in body
-    finally:
-        server.shutdown()
-        server.server_close()
+    assert status == 403 and b"summary" not in body
 
 
 @pytest.mark.parametrize("error", [BrokenPipeError, ConnectionResetError, ConnectionAbortedError])
@@ -295,7 +296,6 @@ def test_a_client_that_left_leaves_no_traceback(viewer, capsys, error):
 
 
 def test_explore_answers_a_failed_simulation_with_a_line_not_an_empty_reply(tmp_path, monkeypatch, capsys):
-    import threading
 
     from simbatch.app import explore
 
@@ -304,13 +304,8 @@ def test_explore_answers_a_failed_simulation_with_a_line_not_an_empty_reply(tmp_
 
     server = explore.make_server(scenario(tmp_path))
     monkeypatch.setattr(explore, "simulate_page", broken)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
+    with serving(server):
         status, body, _ = http_get(server.server_port, "/simulate?tau0_ms=3")
-    finally:
-        server.shutdown()
-        server.server_close()
     assert status == 500 and "OverflowError: cannot convert float infinity" in json.loads(body)["error"]
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
@@ -558,6 +553,14 @@ def test_compare_gives_each_column_its_own_verdict(tmp_path):
 
 
 # ================================================================== report.html has the numbers
+def assert_page(path: Path, *texts: str) -> None:
+    """The page holds every text, and no script a name smuggled in."""
+    page = path.read_text(encoding="utf-8")
+    for text in texts:
+        assert text in page, text
+    assert "<script>alert" not in page
+
+
 def test_a_run_named_with_an_escaped_emoji_writes_a_report_with_its_numbers(tmp_path, monkeypatch):
     from simbatch.app import plots
 
@@ -567,11 +570,8 @@ def test_a_run_named_with_an_escaped_emoji_writes_a_report_with_its_numbers(tmp_
     out = tmp_path / "r"
     result = invoke("run", tmp_path / "e.yaml", "--out", out)
     assert result.exit_code == 0, result.stderr
-    page = (out / "report.html").read_text(encoding="utf-8")
-    for text in ("Request throughput (req/s):", "Mean TTFT (ms):", "Stability check", "Verdict: stable",
-                 "max_num_batched_tokens: 512", "launch"):
-        assert text in page, text
-    assert "<script>alert" not in page
+    assert_page(out / "report.html", "Request throughput (req/s):", "Mean TTFT (ms):", "Stability check",
+                "Verdict: stable", "max_num_batched_tokens: 512", "launch")
 
 
 def test_a_comparison_report_has_the_table_and_each_verdict(tmp_path):
@@ -582,11 +582,8 @@ def test_a_comparison_report_has_the_table_and_each_verdict(tmp_path):
     hostile = scenario(tmp_path, {**SMALL, "name": "<script>alert(1)</script>"})
     runs = {mode: simulate(load_scenario(hostile, [f"batching.mode={mode}"])) for mode in ("static", "continuous")}
     write_report(tmp_path / "report.html", runs, "simbatch compare: <script>alert(1)</script>")
-    page = (tmp_path / "report.html").read_text(encoding="utf-8")
-    for text in ("Stability (closed form)", "static: verdict:", "continuous: verdict:", "Mean TTFT (ms)",
-                 "mode: static", "mode: continuous"):
-        assert text in page, text
-    assert "<script>alert(1)" not in page
+    assert_page(tmp_path / "report.html", "Stability (closed form)", "static: verdict:", "continuous: verdict:",
+                "Mean TTFT (ms)", "mode: static", "mode: continuous")
 
 
 # ================================================================== compare's columns say what they are
@@ -800,17 +797,11 @@ def test_physically_absurd_settings_are_refused(tmp_path, path, sets, words):
 
 
 def test_explore_answers_an_absurd_cost_with_a_400(tmp_path):
-    import threading
 
     from simbatch.app.explore import make_server
 
-    server = make_server(scenario(tmp_path))
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    try:
+    with serving(make_server(scenario(tmp_path))) as server:
         status, body, _ = http_get(server.server_port, "/simulate?tau0_ms=1e305")
-    finally:
-        server.shutdown()
-        server.server_close()
     assert status == 400 and "device.tau0_ms" in json.loads(body)["error"]
 
 

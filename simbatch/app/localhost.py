@@ -3,7 +3,8 @@
 A server here binds 127.0.0.1, so no other machine reaches it. A page on another site can still,
 by DNS rebinding (its name re-pointed at 127.0.0.1), make the browser send requests here; those
 carry that site's name in their ``Host`` header, so a request is answered only when its Host is
-this server's own: ``127.0.0.1``, ``localhost`` or ``[::1]``, with the server's port (403 otherwise).
+this server's own: ``127.0.0.1``, ``localhost`` or ``[::1]``, with the server's port (403 otherwise; a port
+forwarded over ssh must keep its number, ``ssh -L PORT:127.0.0.1:PORT``).
 
 A browser that closes a tab mid-transfer leaves a broken pipe or a reset connection: that is the
 client's leaving, not an error of the server, and is not reported.
@@ -53,8 +54,10 @@ class LocalHandler(http.server.BaseHTTPRequestHandler):
             return False
         host = (self.headers.get("Host") or "").strip().lower()
         if host not in self.server.allowed_hosts():
-            self.send_error(403, "Forbidden", "this server answers requests for 127.0.0.1, localhost or [::1] "
-                                              "at its own port only")
+            port = self.server.server_port
+            self.send_error(403, "Forbidden", f"this server answers requests for 127.0.0.1:{port}, localhost:{port} "
+                                              f"or [::1]:{port} only; over ssh, forward the same port: "
+                                              f"ssh -L {port}:127.0.0.1:{port}")
             return False
         return True
 

@@ -3,7 +3,8 @@
 On a desktop the report opens in the default browser (Python's ``webbrowser``). Where there is no
 browser to open (a server reached over SSH: Linux with neither ``DISPLAY`` nor ``WAYLAND_DISPLAY``,
 or ``webbrowser`` finding none), or with ``--no-browser``, the folder is served read-only on
-127.0.0.1 at a free port and the URL printed: forward the port (``ssh -L``) and open it there.
+127.0.0.1 at a free port and the URL printed: forward the port, keeping its number (``ssh -L
+PORT:127.0.0.1:PORT``), and open it there.
 Ctrl-C stops the server at once.
 
 The server answers with the folder's own files and nothing else: a path that leads out of it (``..``,
