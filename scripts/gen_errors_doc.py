@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 
 from simbatch.app import compare
 from simbatch.app.sweep import grid
-from simbatch.config import bounds, guard, loading
+from simbatch.config import base, cluster, device, guard, kv_cache, loading
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "errors.md"
@@ -297,7 +297,7 @@ most {max_json:,} bytes of a result folder's JSON files and {max_frame:,} bytes 
 ## Physical bounds
 
 A number far past anything real is a typo, and is refused with its field's name
-(`simbatch/config/bounds.py` says why each bound is where it is): a step's cost above {max_cost:,.0f} ms,
+(each section's module in `simbatch/config/` says why its bound is where it is): a step's cost above {max_cost:,.0f} ms,
 a drafter above {max_draft:g} target steps, a KV link below {min_link:g} or above {max_link:,.0f} GB/s or
 with more than {max_latency:,.0f} ms of set-up, more than {max_kv_bytes:,.0f} bytes of KV per token, more
 than {max_blocks:,} KV blocks. Every time must fit the clock, whole nanoseconds in 64 bits: at most
@@ -332,11 +332,11 @@ def render(outcomes: dict[str, Outcome] | None = None) -> str:
               "max_gb": guard.MAX_BYTES / 1e9, "max_requests": int(guard.MAX_BYTES // guard.BYTES_PER_REQUEST),
               "max_runs": guard.MAX_RUNS, "max_values": grid.MAX_VALUES, "max_file": loading.MAX_SCENARIO_BYTES,
               "max_depth": loading.MAX_DEPTH, "max_nodes": loading.MAX_NODES, "max_json": compare.MAX_JSON_BYTES,
-              "max_frame": compare.MAX_FRAME_BYTES, "max_cost": bounds.MAX_COST_MS,
-              "max_draft": bounds.MAX_DRAFT_COST_FRACTION, "min_link": bounds.MIN_LINK_GB_S,
-              "max_link": bounds.MAX_LINK_GB_S, "max_latency": bounds.MAX_TRANSFER_LATENCY_MS,
-              "max_kv_bytes": bounds.MAX_KV_BYTES_PER_TOKEN, "max_blocks": bounds.MAX_NUM_BLOCKS,
-              "max_time": bounds.MAX_TIME_S}
+              "max_frame": compare.MAX_FRAME_BYTES, "max_cost": base.MAX_COST_MS,
+              "max_draft": device.MAX_DRAFT_COST_FRACTION, "min_link": cluster.MIN_LINK_GB_S,
+              "max_link": cluster.MAX_LINK_GB_S, "max_latency": cluster.MAX_TRANSFER_LATENCY_MS,
+              "max_kv_bytes": cluster.MAX_KV_BYTES_PER_TOKEN, "max_blocks": kv_cache.MAX_NUM_BLOCKS,
+              "max_time": base.MAX_TIME_S}
     return HEADER.format(**limits) + "\n".join(rows) + "\n"
 
 
