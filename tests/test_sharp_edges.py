@@ -813,3 +813,9 @@ def test_a_num_blocks_the_gpu_cannot_hold_is_warned_about(tmp_path):
     result = invoke("validate", scenario(tmp_path), "--set", "device.preset=llama-3.1-8b/L4", "--set",
                     "kv_cache.num_blocks=auto")
     assert result.exit_code == 0 and "num_blocks" not in result.stderr
+
+
+def test_weights_larger_than_the_gpu_with_the_default_blocks_are_warned_about(tmp_path):
+    result = invoke("validate", scenario(tmp_path), "--set", "device.preset=llama-3.1-70b/L4")
+    assert result.exit_code == 0, result.stderr
+    assert "warning: device.preset llama-3.1-70b/L4: its weights" in result.stderr and "cannot load" in result.stderr

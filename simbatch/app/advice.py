@@ -66,13 +66,17 @@ def _blocks_beyond_memory(scenario: Scenario) -> list[str]:
     """A warning when a cache of a given number of blocks (not sized by resolution) is more than the preset's
     GPU holds, as vLLM sizes it."""
     from simbatch.config.resolve import deployment
-    from simbatch.hardware.memory import kv_budget
+    from simbatch.hardware.memory import kv_budget, weights_problem
 
     record = scenario.resolution or {}
     out = []
     for where, _, kv, device, b in sized_caches(scenario):
         made = record.get(f"{where}.num_blocks")
         if device.preset is None or made is not None and made.decided:
+            continue
+        if problem := weights_problem(deployment(device), kv.gpu_memory_utilization):
+            out.append(f"{where.removesuffix('kv_cache')}device.preset {problem}: the run models a deployment that "
+                       "cannot load")
             continue
         try:
             budget = kv_budget(deployment(device), kv.block_size, kv.gpu_memory_utilization,
