@@ -24,8 +24,9 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+from simbatch.app import compare
 from simbatch.app.sweep import grid
-from simbatch.config import guard, loading
+from simbatch.config import base, cluster, device, guard, kv_cache, loading
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "errors.md"
@@ -86,6 +87,48 @@ def _change_trace(sw: Path) -> None:
 
 
 SWEEP_ARGS = ("sweep", "s.yaml", "-r", "1", "-w", "1", "-o", "sw")
+DISAGGREGATED = GOOD + """\
+cluster:
+  disaggregated:
+    prefill: {count: 1}
+    decode: {count: 1}
+    kv_transfer: {bandwidth_gb_s: 50, latency_ms: 1}
+    kv_bytes_per_token: 131072
+"""
+MS_TRACE = "TIMESTAMP,ContextTokens,GeneratedTokens\n1700000000000,10,5\n1700000000500,12,6\n"
+CARD = "{name: G, memory_gib: 1.0e15, memory_bandwidth_gb_s: 3000, bf16_tflops: 900, interconnect_gb_s: 400}"
+
+
+def _two_runs_then(damage: Callable[[Path], None]) -> Callable[[Path], None]:
+    """Two finished result folders, ``a/`` and ``b/``, then ``damage`` applied to ``b/``."""
+    def setup(tmp: Path) -> None:
+        for name in ("a", "b"):
+            result = invoke(["run", "s.yaml", "--no-plots", "--quiet", "--out", name], tmp)
+            assert result.exit_code == 0, result.output
+        damage(tmp / "b")
+    return setup
+
+
+def _truncate_summary(folder: Path) -> None:
+    (folder / "summary.json").write_text('{"completed": 1')
+
+
+def _deep_summary(folder: Path) -> None:
+    (folder / "summary.json").write_text("[" * 100_000 + "]" * 100_000)
+
+
+def _foreign_config(folder: Path) -> None:
+    (folder / "resolved_config.json").write_text(json.dumps({"workload": {"num_requests": -3}}))
+
+
+def _no_status(folder: Path) -> None:
+    lines = (folder / "requests.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    keep = [i for i, name in enumerate(header) if name != "status"]
+    (folder / "requests.csv").write_text("\n".join(",".join(row.split(",")[i] for i in keep) for row in lines) + "\n")
+
+
+COMPARE_ARGS = ("compare", "a", "b", "--no-plots")
 
 CASES = [
     # The scenario file itself
@@ -102,10 +145,35 @@ CASES = [
     Case("absurd rate", ("validate", "s.yaml", "--set", "workload.arrival.rate=1.0e308"), {"s.yaml": GOOD}),
     Case("absurd length", ("validate", "s.yaml", "--set", "workload.output_tokens={dist: fixed, value: 1000000000000}"),
          {"s.yaml": GOOD}),
+    Case("a lone surrogate in a name", ("validate", "s.yaml"), {"s.yaml": 'name: "half \\ud83d"\n' + GOOD[len("name: good\n"):]}),
+    # Physical bounds
+    Case("a step of 1e305 ms", ("validate", "s.yaml", "--set", "device.tau0_ms=1e305"), {"s.yaml": GOOD}),
+    Case("10^23 KV blocks", ("validate", "s.yaml", "--set", "kv_cache.num_blocks=100000000000000000000000"),
+         {"s.yaml": GOOD}),
+    Case("a KV transfer of 1e300 ms", ("validate", "s.yaml", "--set", "cluster.disaggregated.kv_transfer.latency_ms=1e300"),
+         {"s.yaml": DISAGGREGATED}),
+    Case("a KV link of 1e-300 GB/s", ("validate", "s.yaml", "--set",
+                                      "cluster.disaggregated.kv_transfer.bandwidth_gb_s=1e-300"), {"s.yaml": DISAGGREGATED}),
+    Case("1e308 bytes of KV per token", ("validate", "s.yaml", "--set", "cluster.disaggregated.kv_bytes_per_token=1e308"),
+         {"s.yaml": DISAGGREGATED}),
+    Case("a drafter of 1e308 target steps", ("validate", "s.yaml", "--set", "device.speculative={num_speculative_tokens: 4, "
+                                             "acceptance_rate: 0.7, draft_cost_fraction: 1.0e308}"), {"s.yaml": GOOD}),
+    Case("a GPU card of 10^15 GiB", ("validate", "s.yaml", "--set", "device.preset=llama-3.1-8b/G", "--set",
+                                     f"device.gpu_card={CARD}"), {"s.yaml": GOOD}),
+    Case("an inline GPU card the preset does not name", ("validate", "s.yaml", "--set", "device.preset=llama-3.1-8b/H100-SXM",
+                                                         "--set", f"device.gpu_card={CARD.replace('1.0e15', '80')}"),
+         {"s.yaml": GOOD}),
+    Case("weights larger than the GPU, num_blocks given", ("validate", "s.yaml", "--set", "device.preset=llama-3.1-70b/L4",
+                                                           "--set", "kv_cache.num_blocks=1000"), {"s.yaml": GOOD}),
+    # The clock (int64 nanoseconds)
+    Case("arrivals past the clock", ("validate", "s.yaml", "--set", "workload.arrival.rate=1e-12"), {"s.yaml": GOOD}),
+    Case("epoch milliseconds kept as seconds", ("validate", "s.yaml"),
+         {"s.yaml": TRACE.format(path="t.csv") + "    keep_time_origin: true\n", "t.csv": MS_TRACE}),
+    Case("a clock stop of 1e300 s", ("validate", "s.yaml", "--set", "sim.max_time_s=1e300"), {"s.yaml": GOOD}),
     # Run size
     Case("a billion requests", ("run", "s.yaml", "--set", "workload.num_requests=1000000000"), {"s.yaml": GOOD}),
-    Case("duration of 10^12 s", ("validate", "s.yaml", "--set", "workload.num_requests=null",
-                                 "--set", "workload.duration_s=1.0e12"), {"s.yaml": GOOD}),
+    Case("duration of 10^9 s", ("validate", "s.yaml", "--set", "workload.num_requests=null",
+                                "--set", "workload.duration_s=1.0e9"), {"s.yaml": GOOD}),
     Case("10^8 replicas", ("validate", "s.yaml", "--set", "cluster.replicas=100000000"), {"s.yaml": GOOD}),
     Case("a range of a million values", ("sweep", "s.yaml", "-p", "workload.arrival.rate=1:1000000:1"),
          {"s.yaml": GOOD}),
@@ -123,6 +191,21 @@ CASES = [
     Case("--out on a read-only file system", ("run", "s.yaml", "--out", "/proc/simbatch-out"), {"s.yaml": GOOD}),
     Case("standard output is full", ("schema",), subprocess=True),
     Case("trace cap below one request", ("run", "s.yaml", "--trace-max-requests", "0"), {"s.yaml": GOOD}),
+    # The command line
+    Case("--goodput with a unit", ("run", "s.yaml", "--goodput", "ttft:0.5s"), {"s.yaml": GOOD}),
+    Case("--metric-percentiles as fractions", ("run", "s.yaml", "--metric-percentiles", "0.99"), {"s.yaml": GOOD}),
+    Case("a --set typo", ("validate", "s.yaml", "--set", "workload.arival.rate=4"), {"s.yaml": GOOD}),
+    Case("a --param also given by --set", ("sweep", "s.yaml", "-p", "workload.arrival.rate=1,2", "--set",
+                                           "workload.arrival.rate=3"), {"s.yaml": GOOD}),
+    Case("compare with no mode", ("compare", "s.yaml", "--modes", ""), {"s.yaml": GOOD}),
+    # Compare of damaged result folders
+    Case("compare: a truncated summary.json", COMPARE_ARGS, {"s.yaml": GOOD}, setup=_two_runs_then(_truncate_summary)),
+    Case("compare: a summary.json 100,000 levels deep", COMPARE_ARGS, {"s.yaml": GOOD},
+         setup=_two_runs_then(_deep_summary)),
+    Case("compare: resolved_config.json not a scenario", COMPARE_ARGS, {"s.yaml": GOOD},
+         setup=_two_runs_then(_foreign_config)),
+    Case("compare: requests.csv without its status column", COMPARE_ARGS, {"s.yaml": GOOD},
+         setup=_two_runs_then(_no_status)),
     Case("view a folder without a report", ("view", "."), {"s.yaml": GOOD}),
     # Sweeps
     Case("truncated point file", SWEEP_ARGS, {"s.yaml": GOOD}, setup=_sweep_then(_truncate)),
@@ -207,7 +290,21 @@ and {per_replica:,} per replica. A run estimated above **{max_gb:g} GB** (about 
 requests), or a sweep of more than **{max_runs:,} runs** (grid points x replications), is refused with
 the estimate; pass `--force` to run it anyway, or lower the setting. One range in `--param` may
 expand to at most {max_values:,} values. A scenario file may be at most {max_file:,} bytes, nested at
-most {max_depth} levels, and expand to at most {max_nodes:,} values with its aliases.
+most {max_depth} levels, and expand to at most {max_nodes:,} values with its aliases. `compare` reads at
+most {max_json:,} bytes of a result folder's JSON files and {max_frame:,} bytes of its CSV files
+(`--force` lifts the second); a compressed trace is sized by its decompressed rows.
+
+## Physical bounds
+
+A number far past anything real is a typo, and is refused with its field's name
+(each section's module in `simbatch/config/` says why its bound is where it is): a step's cost above {max_cost:,.0f} ms,
+a drafter above {max_draft:g} target steps, a KV link below {min_link:g} or above {max_link:,.0f} GB/s or
+with more than {max_latency:,.0f} ms of set-up, more than {max_kv_bytes:,.0f} bytes of KV per token, more
+than {max_blocks:,} KV blocks. Every time must fit the clock, whole nanoseconds in 64 bits: at most
+{max_time:.2g} s (146 years, half of what the clock holds, the rest left for serving), arrivals included
+(a rate of 1e-12, a trace's epoch milliseconds read as seconds). Values that are possible but no GPU
+has give a `warning:` line instead: a device cost outside what any GPU does (seconds or microseconds
+typed as milliseconds), a `num_blocks` more than the preset's GPU holds.
 
 ## Every case
 
@@ -229,12 +326,17 @@ def render(outcomes: dict[str, Outcome] | None = None) -> str:
     for case in CASES:
         outcome = outcomes[case.kind] if outcomes else run_case(case)
         line = outcome.stderr.strip().splitlines()[-1] if outcome.stderr.strip() else ""
-        command = "simbatch " + " ".join(case.args) + (" > /dev/full" if case.subprocess else "")
+        command = "simbatch " + " ".join(a or "''" for a in case.args) + (" > /dev/full" if case.subprocess else "")
         rows.append(f"| {_cell(case.kind)} | `{_cell(command)}` | {outcome.exit_code} | {_cell(line)} |")
     limits = {"per_request": guard.BYTES_PER_REQUEST, "per_replica": guard.BYTES_PER_REPLICA,
               "max_gb": guard.MAX_BYTES / 1e9, "max_requests": int(guard.MAX_BYTES // guard.BYTES_PER_REQUEST),
               "max_runs": guard.MAX_RUNS, "max_values": grid.MAX_VALUES, "max_file": loading.MAX_SCENARIO_BYTES,
-              "max_depth": loading.MAX_DEPTH, "max_nodes": loading.MAX_NODES}
+              "max_depth": loading.MAX_DEPTH, "max_nodes": loading.MAX_NODES, "max_json": compare.MAX_JSON_BYTES,
+              "max_frame": compare.MAX_FRAME_BYTES, "max_cost": base.MAX_COST_MS,
+              "max_draft": device.MAX_DRAFT_COST_FRACTION, "min_link": cluster.MIN_LINK_GB_S,
+              "max_link": cluster.MAX_LINK_GB_S, "max_latency": cluster.MAX_TRANSFER_LATENCY_MS,
+              "max_kv_bytes": cluster.MAX_KV_BYTES_PER_TOKEN, "max_blocks": kv_cache.MAX_NUM_BLOCKS,
+              "max_time": base.MAX_TIME_S}
     return HEADER.format(**limits) + "\n".join(rows) + "\n"
 
 

@@ -94,7 +94,7 @@ CASES = [
     ("disaggregated_no_kv_bytes", GOOD + DISAGGREGATED.replace("    kv_bytes_per_token: 131072\n", ""), (),
      "s.yaml:", ["cluster.disaggregated.kv_bytes_per_token is missing", "give kv_bytes_per_token"]),
     ("disaggregated_zero_bandwidth", GOOD + DISAGGREGATED.replace("bandwidth_gb_s: 50", "bandwidth_gb_s: 0"),
-     (), "s.yaml:19:50: cluster.disaggregated.kv_transfer.bandwidth_gb_s:", ["greater than 0", "got 0"]),
+     (), "s.yaml:19:50: cluster.disaggregated.kv_transfer.bandwidth_gb_s:", ["greater than or equal to 0.001", "got 0"]),
     ("disaggregated_max_in_flight", GOOD + DISAGGREGATED + "  max_in_flight: 10\n", (),
      "s.yaml:16:3: cluster:", ["cluster.max_in_flight (10) with cluster.disaggregated", "remove max_in_flight"]),
     ("speculative_without_draft_cost", edited("  beta_ms: 0.2\n", SPECULATIVE), (),

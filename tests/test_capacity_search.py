@@ -8,6 +8,7 @@ B / tau(B) = 64 / 32.8 ms = 1951 tokens/s, 3.90 requests/s. About 15 s on 2 core
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -180,13 +181,11 @@ def test_any_percentile_is_an_slo_and_the_search_draws_and_explains_itself(cli, 
     assert (out / "slo_vs_rate.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_the_default_folder_is_the_same_search_s_and_no_other_s(chapter):
+def test_the_default_folder_is_timestamped_as_a_runs(chapter, tmp_path, monkeypatch):
     from simbatch.app.sweep.capacity import CapacitySearch
 
-    def folder(*slos: str, params: list[str] | None = None) -> Path:
-        return CapacitySearch.plan(chapter, params or [], [], list(slos), 1, 0.02).out
-
-    assert folder("ttft_p99_ms=500") == folder("ttft_p99_ms=500")
-    assert folder("ttft_p99_ms=500").name.startswith("capacity-p99_ttft_ms-500-")
-    assert len({folder("ttft_p99_ms=500"), folder("ttft_p99_ms=400"), folder("ttft_p95_ms=500"),
-                folder("ttft_p99_ms=500", params=["batching.max_num_seqs=16,64"])}) == 4
+    monkeypatch.chdir(tmp_path)
+    first = CapacitySearch.plan(chapter, [], [], ["ttft_p99_ms=500"], 1, 0.02).out
+    assert re.fullmatch(r"capacity-\d{8}-\d{6}", first.name) and first.parent.parent == Path("results")
+    first.mkdir(parents=True)  # a search took it: the next one, even in the same second, gets another
+    assert CapacitySearch.plan(chapter, [], [], ["ttft_p99_ms=500"], 1, 0.02).out != first

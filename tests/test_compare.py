@@ -39,12 +39,14 @@ def test_vary_any_key_on_every_library_scenario_sees_the_same_requests(tmp_path,
     result = invoke("compare", scenario, "--vary", "scheduler.policy=fcfs,sjf", "--set", "workload.num_requests=30",
                     "--no-plots", "--quiet", "--out", out)
     assert result.exit_code == 0, result.stderr
-    assert {p.name for p in out.iterdir()} == {"scenario.yaml", "run.json", "summary.json", "fcfs", "sjf"}
-    a, b = (pd.read_csv(out / label / "requests.csv") for label in ("fcfs", "sjf"))
+    assert {p.name for p in out.iterdir()} == {"scenario.yaml", "run.json", "summary.json", "policy=fcfs",
+                                               "policy=sjf"}
+    a, b = (pd.read_csv(out / label / "requests.csv") for label in ("policy=fcfs", "policy=sjf"))
     for column in ("request_id", "prompt_tokens", "output_tokens", "tenant"):
         assert a[column].equals(b[column])
-    configs = {label: json.loads((out / label / "resolved_config.json").read_text()) for label in ("fcfs", "sjf")}
-    assert [configs[k]["scheduler"]["policy"] for k in ("fcfs", "sjf")] == ["fcfs", "sjf"]
+    configs = {label: json.loads((out / label / "resolved_config.json").read_text())
+               for label in ("policy=fcfs", "policy=sjf")}
+    assert [configs[k]["scheduler"]["policy"] for k in ("policy=fcfs", "policy=sjf")] == ["fcfs", "sjf"]
 
 
 def test_vary_prints_a_column_per_value_and_the_policies_differ(tmp_path):
@@ -53,7 +55,7 @@ def test_vary_prints_a_column_per_value_and_the_policies_differ(tmp_path):
                     "--variant", "scheduler.policy=sjf;batching.max_num_seqs=4", "--set", "batching.max_num_seqs=8",
                     "--set", "scheduler.sjf_key=output", "--no-plots", "--out", out)
     assert result.exit_code == 0, result.stderr
-    assert header(result.stdout) == ["fcfs", "sjf", "policy=sjf,max_num_seqs=4"]
+    assert header(result.stdout) == ["policy=fcfs", "policy=sjf", "policy=sjf,max_num_seqs=4"]
     fcfs, sjf, fewer_slots = (float(v.replace(",", "")) for v in row(result.stdout, "Mean TTFT (ms)"))
     assert sjf < fcfs / 2 and fewer_slots > sjf  # shortest job first cuts the mean wait; fewer slots raise it
     assert not (out / "plots").exists()
@@ -80,13 +82,13 @@ def test_compare_existing_runs_and_a_vllm_result(tmp_path):
     out = tmp_path / "side"
     result = invoke("compare", tmp_path / "a", tmp_path / "b", tmp_path / "bench.json", "--out", out)
     assert result.exit_code == 0, result.stderr
-    assert header(result.stdout) == ["a", "b", "bench"]
+    assert header(result.stdout) == ["stable/a", "stable/b", "bench"]  # one scenario: its name and the folder
     summaries = {k: json.loads((tmp_path / k / "summary.json").read_text()) for k in ("a", "b")}
     ttft = row(result.stdout, "Mean TTFT (ms)")
     assert ttft[:2] == [f"{summaries[k]['mean_ttft_ms']:.1f}" for k in ("a", "b")] and ttft[2] == "55.5"
     assert row(result.stdout, "Mean batch size (seqs/step)")[2] == "n/a"  # a measured run has no engine steps
     assert json.loads((out / "summary.json").read_text())["bench"]["mean_ttft_ms"] == 55.5
-    assert json.loads((out / "sources.json").read_text())["a"] == str(tmp_path / "a")
+    assert json.loads((out / "sources.json").read_text())["stable/a"] == str(tmp_path / "a")
     assert {"ttft_cdf.png", "running_waiting.png"} <= {p.name for p in (out / "plots").iterdir()}
 
 
@@ -122,7 +124,7 @@ def test_bad_sources_are_one_line_and_write_nothing(tmp_path):
 
 
 def test_variant_labels():
-    assert list(variants(["a.b=1,2"], [])) == ["1", "2"]
+    assert list(variants(["a.b=1,2"], [])) == ["b=1", "b=2"]
     assert list(variants(["a.b=1,2", "c.d=x"], ["a.b=3;c.d=y"])) == ["b=1,d=x", "b=2,d=x", "b=3,d=y"]
     with pytest.raises(CompareInputError, match="same column"):
         variants(["a.b=1"], ["a.b=1"])
@@ -133,7 +135,7 @@ def test_per_tenant_and_per_replica_rows_are_kept(tmp_path):
                     "--set", "workload.duration_s=10", "--set", "cluster.replicas=2", "--no-plots", "--out",
                     tmp_path / "c")
     assert result.exit_code == 0, result.stderr
-    summary = json.loads((tmp_path / "c" / "summary.json").read_text())["fcfs"]
+    summary = json.loads((tmp_path / "c" / "summary.json").read_text())["policy=fcfs"]
     for label, key in (("interactive: mean TTFT (ms)", "tenant_interactive_mean_ttft_ms"),
                        ("batch: req/s", "tenant_batch_request_throughput"),
                        ("replica 1: output (tok/s)", "replica_1_output_throughput")):

@@ -104,10 +104,28 @@ class Stability:
     pool: str = ""
     prefill_capacity_requests_per_s: float = math.nan
     decode_capacity_requests_per_s: float = math.nan
+    # A finite burst (rate: inf, every request at t = 0): how many, and about how long they take to drain.
+    # There is no steady rate to carry: a burst is never "oversubscribed", it takes its time.
+    burst: int = 0
+    drain_s: float = math.nan
+    # A client holding at most this many requests in flight (workload.max_concurrency), and the rate those
+    # can carry, C / W(b), W(b) a request's latency at the batch b they make (C over the replicas, at most B).
+    client_concurrency: int | None = None
+    client_capacity_requests_per_s: float = math.inf
+
+    @property
+    def client_bound(self) -> bool:
+        """The client's cap, not the server, limits the rate, and the traffic is above it."""
+        return self.client_capacity_requests_per_s < self.capacity_requests_per_s and \
+            self.arrival_rate >= self.client_capacity_requests_per_s
 
     @property
     def stable(self) -> bool:
-        return self.offered_load < 1.0
+        """The traffic is carried: a burst always drains; a stream needs rho < 1 and, with a client cap,
+        a rate below what the requests in flight carry (else they wait at the client without bound)."""
+        if self.burst:
+            return True
+        return self.offered_load < 1.0 and self.arrival_rate < self.client_capacity_requests_per_s
 
     @property
     def limited_by(self) -> str:
@@ -131,15 +149,40 @@ class Stability:
         return math.inf if not math.isfinite(load) else math.floor(load) + 1
 
     @property
+    def short_verdict(self) -> str:
+        """The verdict in a table cell: ``stable 77%``, ``over 5.1×``, ``shed 40%``, ``client 4.05×``, ``burst``."""
+        if self.burst:
+            return "burst"
+        if self.client_bound:
+            return f"client {self.arrival_rate / self.client_capacity_requests_per_s:.2f}×"
+        if self.stable:
+            return f"stable {self.offered_load:.0%}"
+        if self.admission_control:
+            return f"shed {self.shed_fraction:.0%}"
+        return f"over {_factor(self.offered_load)}×"
+
+    @property
     def verdict(self) -> str:
         limit = f" (the {self.pool} pool binds)" if self.pool else \
             {"memory": " (KV memory limits the batch)",
              "compute": " (compute binds: a larger batch would barely help)"}.get(self.limited_by, "")
+        if self.burst:
+            slots = self.batch_size * self.replicas
+            batches = "within one full batch" if self.burst <= slots else \
+                f"about {math.ceil(self.burst / slots):,} full batches of {_batch_text(slots)}"
+            return (f"a burst of {self.burst:,} requests at t = 0 (no steady rate to carry): {batches}, drained in "
+                    f"about {self.drain_s:.3g} s{limit}")
+        cap, x = self.client_concurrency, self.client_capacity_requests_per_s
+        if self.client_bound:
+            return (f"client-bound {self.arrival_rate / x:.2f}×: {cap} in flight carry about {x:.3g} requests/s of "
+                    f"the {self.arrival_rate:.3g} offered (the server could take {self.capacity_requests_per_s:.3g}); "
+                    f"the rest wait at the client without bound (client wait): raise max_concurrency to about "
+                    f"{math.ceil(self.demanded_concurrency) + 1:,}")
         if self.stable:
-            return f"stable (offered load {self.offered_load:.0%}){limit}"
+            client = "" if cap is None else f"; the client's {cap} in flight carry it ({self.arrival_rate / x:.0%})"
+            return f"stable (offered load {self.offered_load:.0%}){limit}{client}"
         rho = self.offered_load
-        # Two decimals near 1, so that 1.02x does not read as a harmless "1.0x"; three figures far above.
-        factor = f"{rho:.2f}" if rho < 1.1 else f"{rho:.1f}" if rho < 1000 else f"{rho:.3g}"
+        factor = _factor(rho)
         need = self.replicas_needed
         fix = (f"{need:,} {self.pool + ' ' if self.pool else ''}replicas would carry it" if need <= 100_000 else
                "more replicas finish it sooner" if math.isinf(need) else "no fleet of a sane size carries it")
@@ -148,6 +191,32 @@ class Stability:
                     f"{fix}, or make tokens cheaper")
         return (f"oversubscribed {factor}×{limit}: the waiting queue grows without bound; "
                 f"{fix}, or make tokens cheaper, or shed load")
+
+
+def _factor(rho: float) -> str:
+    # Two decimals near 1, so that 1.02x does not read as a harmless "1.0x"; three figures far above.
+    return f"{rho:.2f}" if rho < 1.1 else f"{rho:.1f}" if rho < 1000 else f"{rho:.3g}"
+
+
+def _batch_text(b: float) -> str:
+    return f"{b:g}" if float(b).is_integer() else f"{b:.1f}"
+
+
+def _law(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values and their empirical CDF."""
+    distinct, counts = np.unique(np.asarray(values, dtype=np.float64), return_counts=True)
+    return distinct, np.cumsum(counts) / max(counts.sum(), 1)
+
+
+def _expected_max(law: tuple[np.ndarray, np.ndarray], b: int) -> float:
+    distinct, cdf = law
+    return float((distinct * np.diff(cdf ** b, prepend=0.0)).sum())
+
+
+def expected_max(values: np.ndarray, b: int) -> float:
+    """E[max of ``b`` draws with replacement from ``values``]: sum over the sorted distinct values x_i of
+    x_i (F(x_i)^b - F(x_{i-1})^b), F the empirical CDF (the longest request a batch of b holds)."""
+    return _expected_max(_law(values), b)
 
 
 def token_step_s(device: Device, batch_size: float, context_tokens: float = 0.0) -> float:
@@ -162,7 +231,9 @@ def token_step_s(device: Device, batch_size: float, context_tokens: float = 0.0)
 def stability(device: Device, batch_size: int, arrival_rate: float, mean_output_tokens: float,
               mean_prompt_tokens: float = 0.0, replicas: int = 1, memory_batch: float = math.inf,
               admission_control: bool = False, mean_context_tokens: float = 0.0,
-              mean_prompt_sq_tokens: float | None = None) -> Stability:
+              mean_prompt_sq_tokens: float | None = None, slot_steps: float | None = None,
+              prefill_tokens: float | None = None, client_concurrency: int | None = None,
+              burst: int = 0) -> Stability:
     """Offered load against capacity for ``replicas`` engines of ``batch_size`` slots.
 
     The full batch is ``B = min(batch_size, memory_batch)`` (see :func:`memory_batch`). Each output
@@ -174,24 +245,45 @@ def stability(device: Device, batch_size: int, arrival_rate: float, mean_output_
     and rho = lambda x that / replicas. With gamma = delta = epsilon = 0 and no memory limit this is
     the chapter's token-rate inequality lambda E[out] < B / tau(B). With speculative decoding a step
     emits E tokens per sequence: tau(B) becomes tau_spec(B) / E (:func:`token_step_s`).
+
+    ``slot_steps`` (default E[out]): the steps a request holds its slot; request-level batching holds it
+    until the batch's longest request ends (:func:`request_level_costs`). ``prefill_tokens`` (default
+    E[prompt]): the prompt tokens computed per request, padding included. ``client_concurrency``: a
+    client's cap on requests in flight, whose rate C / W(b) the verdict weighs (b: C over the replicas,
+    at most B). ``burst``: every one of this many requests arrives at t = 0 (see :class:`Stability`).
     """
+    steps = mean_output_tokens if slot_steps is None else slot_steps
+    computed = mean_prompt_tokens if prefill_tokens is None else prefill_tokens
     full = min(batch_size, memory_batch)
     tau_full = token_step_s(device, full, mean_context_tokens)
     prompt_sq = mean_prompt_tokens ** 2 if mean_prompt_sq_tokens is None else mean_prompt_sq_tokens
-    prefill_s = work_s(device, prefill_tokens=mean_prompt_tokens, attention_pairs=prompt_sq / 2)
-    per_request_s = (math.inf if full == 0 else mean_output_tokens * tau_full / full) + prefill_s
+    prefill_s = work_s(device, prefill_tokens=computed, attention_pairs=prompt_sq / 2)
+    per_request_s = (math.inf if full == 0 else steps * tau_full / full) + prefill_s
     rho = arrival_rate * per_request_s / replicas
-    w_full = tau_full * mean_output_tokens + prefill_s
-    shared_s = math.inf if full == 0 else mean_output_tokens * token_step_s(device, 0) / full
+
+    def latency_s(b: float) -> float:  # a request's time in a batch of b: its slot's steps, then its prefill
+        return token_step_s(device, b, mean_context_tokens) * steps + prefill_s
+
+    w_full = latency_s(full)
+    shared_s = math.inf if full == 0 else steps * token_step_s(device, 0) / full
+    capacity = math.inf if per_request_s == 0 else replicas / per_request_s
+    client_capacity = math.inf
+    if client_concurrency is not None:
+        w = latency_s(min(client_concurrency / replicas, full))
+        client_capacity = math.inf if w == 0 else client_concurrency / w
+    drain = math.nan
+    if burst:
+        drain = max(burst / capacity if capacity else math.inf, latency_s(min(math.ceil(burst / replicas), full)))
     return Stability(
         arrival_rate=arrival_rate,
         mean_output_tokens=mean_output_tokens,
         mean_prompt_tokens=mean_prompt_tokens,
         batch_size=full,
         offered_tokens_per_s=arrival_rate * mean_output_tokens,
-        capacity_tokens_per_s=replicas * full / tau_full,
+        # Tokens delivered: a request-level batch computes slot_steps steps per request for E[out] tokens.
+        capacity_tokens_per_s=replicas * full / tau_full * (mean_output_tokens / steps if steps else 1.0),
         offered_load=rho,
-        capacity_requests_per_s=math.inf if per_request_s == 0 else replicas / per_request_s,
+        capacity_requests_per_s=capacity,
         full_batch_latency_s=w_full,
         demanded_concurrency=arrival_rate * w_full,
         replicas=replicas,
@@ -202,47 +294,88 @@ def stability(device: Device, batch_size: int, arrival_rate: float, mean_output_
         context_cost=device.kv_read_ms_per_1k_tokens > 0,
         mean_prompt_sq_tokens=prompt_sq,
         shared_fraction=1.0 if per_request_s == 0 or math.isinf(shared_s) else shared_s / per_request_s,
+        burst=burst,
+        drain_s=drain,
+        client_concurrency=client_concurrency,
+        client_capacity_requests_per_s=client_capacity,
     )
 
 
-def fleet_stability(replicas: Sequence[tuple[Device, int] | tuple[Device, int, float]], arrival_rate: float,
+Replica = tuple[Device, int] | tuple[Device, int, float] | tuple[Device, int, float, dict]
+
+
+def fleet_stability(replicas: Sequence[Replica], arrival_rate: float,
                     mean_output_tokens: float, mean_prompt_tokens: float = 0.0,
                     admission_control: bool = False, mean_context_tokens: float = 0.0,
-                    mean_prompt_sq_tokens: float | None = None) -> Stability:
-    """:func:`stability` for a fleet, one ``(device, slots[, memory_batch])`` per replica, alike or not.
+                    mean_prompt_sq_tokens: float | None = None, client_concurrency: int | None = None,
+                    burst: int = 0) -> Stability:
+    """:func:`stability` for a fleet, one ``(device, slots[, memory_batch[, costs]])`` per replica, alike
+    or not; ``costs`` are a replica's own keyword arguments of :func:`stability` (request-level batching's
+    ``slot_steps``, ``prefill_tokens``, ``mean_context_tokens``: :func:`request_level_costs`).
 
     Capacities add: the fleet serves the sum of its replicas' requests/s, and its offered load is
     lambda over that sum. That is every replica's offered load when the router splits traffic in
     proportion to capacity, the best split there is: at rho >= 1 no router keeps up. For a mixed
     fleet ``batch_size``, ``slots`` and ``memory_batch`` are means over the replicas, and the
-    full-batch latency the mean of theirs weighted by that traffic share. Alike replicas give exactly
-    ``stability(..., replicas=N)``.
+    full-batch latency the mean of theirs weighted by that traffic share; a client's requests in flight
+    are shared equally. Alike replicas give exactly ``stability(..., replicas=N)``.
     """
-    specs = [(r[0], r[1], r[2] if len(r) > 2 else math.inf) for r in replicas]
-    device, slots, mem = specs[0]
+    specs = [(r[0], r[1], r[2] if len(r) > 2 else math.inf, r[3] if len(r) > 3 else {}) for r in replicas]
+    device, slots, mem, own = specs[0]
     context = {"mean_context_tokens": mean_context_tokens, "mean_prompt_sq_tokens": mean_prompt_sq_tokens}
     if all(s == specs[0] for s in specs):
         return stability(device, slots, arrival_rate, mean_output_tokens, mean_prompt_tokens,
-                         replicas=len(specs), memory_batch=mem, admission_control=admission_control, **context)
-    each = [stability(d, b, arrival_rate, mean_output_tokens, mean_prompt_tokens, memory_batch=m, **context)
-            for d, b, m in specs]
+                         replicas=len(specs), memory_batch=mem, admission_control=admission_control,
+                         **context | own, client_concurrency=client_concurrency, burst=burst)
+    n = len(specs)
+    each = [stability(d, b, arrival_rate, mean_output_tokens, mean_prompt_tokens, memory_batch=m, **context | extra,
+                      client_concurrency=None if client_concurrency is None else client_concurrency / n,
+                      burst=math.ceil(burst / n)) for d, b, m, extra in specs]
     capacity = sum(s.capacity_requests_per_s for s in each)
-    share = [1 / len(each) if math.isinf(capacity) else s.capacity_requests_per_s / capacity for s in each]
+    share = [1 / n if math.isinf(capacity) else s.capacity_requests_per_s / capacity for s in each]
     w_full = sum(w * s.full_batch_latency_s for w, s in zip(share, each, strict=True))
     return replace(
         each[0],
-        batch_size=sum(s.batch_size for s in each) / len(each),
-        slots=sum(b for _, b, _ in specs) / len(specs),
-        memory_batch=sum(m for _, _, m in specs) / len(specs),
+        batch_size=sum(s.batch_size for s in each) / n,
+        slots=sum(b for _, b, _, _ in specs) / n,
+        memory_batch=sum(m for _, _, m, _ in specs) / n,
         capacity_tokens_per_s=sum(s.capacity_tokens_per_s for s in each),
         offered_load=arrival_rate / capacity,
         capacity_requests_per_s=capacity,
         full_batch_latency_s=w_full,
         demanded_concurrency=arrival_rate * w_full,
-        replicas=len(specs),
+        replicas=n,
         admission_control=admission_control,
         shared_fraction=sum(w * s.shared_fraction for w, s in zip(share, each, strict=True)),
+        burst=burst,
+        drain_s=max(burst / capacity, min(s.drain_s for s in each)) if burst else math.nan,
+        client_concurrency=client_concurrency,
+        client_capacity_requests_per_s=sum(s.client_capacity_requests_per_s for s in each),
     )
+
+
+def request_level_costs(prompt_tokens: np.ndarray, output_tokens: np.ndarray, slots: int, num_blocks: int,
+                        block_size: int, pad_prompts: bool) -> tuple[int, dict]:
+    """The full batch of request-level batching (static, dynamic) and what a request costs in it.
+
+    A batch of b decodes until its longest request ends, so each request holds its slot for
+    E[max of b outputs] steps (done slots are still computed: padding), and with ``pad_prompts`` its
+    prompt is computed at the batch's longest, E[max of b prompts]; a step reads about E[max prompt] +
+    E[max output] / 2 per slot. Every slot reserves the longest prompt plus the longest output, so the
+    batch is the largest b <= ``slots`` whose b such footprints fit in ``num_blocks``.
+    Returns (b, keyword arguments of :func:`stability` for it).
+    """
+    prompts, outputs = _law(prompt_tokens), _law(output_tokens)
+
+    def costs(b: int) -> tuple[float, float]:
+        return _expected_max(prompts, b), _expected_max(outputs, b)
+
+    b = slots
+    while b > 1 and b * math.ceil(sum(costs(b)) / block_size) > num_blocks:
+        b -= 1
+    p_max, o_max = costs(b)
+    return b, {"slot_steps": o_max, "prefill_tokens": p_max if pad_prompts else float(np.mean(prompt_tokens)),
+               "mean_context_tokens": (p_max if pad_prompts else float(np.mean(prompt_tokens))) + (o_max - 1) / 2}
 
 
 def prefill_capacity(device: Device, replicas: int, token_budget: int, max_num_seqs: int, mean_prompt_tokens: float,
@@ -335,12 +468,20 @@ def expected_stability(scenario: Scenario, workload: WorkloadArrays) -> Stabilit
     if scenario.cluster.disaggregated is not None:
         return _disaggregated_stability(scenario, workload, rate)
     held: dict[int, float] = {}  # by block size: a fleet shares one workload
+    request_level: dict[tuple, tuple[int, dict]] = {}
     replicas = []
     for s in replica_scenarios(scenario):
-        kv = s.kv_cache
+        kv, b = s.kv_cache, s.batching
+        if b.mode != "continuous" and len(workload):
+            key = (b.max_num_seqs, kv.num_blocks, kv.block_size, b.pad_prompts)
+            if key not in request_level:
+                request_level[key] = request_level_costs(workload.prompt_tokens, workload.output_tokens, *key)
+            batch, costs = request_level[key]
+            replicas.append((s.device, b.max_num_seqs, batch if batch < b.max_num_seqs else math.inf, costs))
+            continue
         if kv.block_size not in held:
             held[kv.block_size] = mean_blocks_held(workload.prompt_tokens, workload.output_tokens, kv.block_size)
-        replicas.append((s.device, s.batching.max_num_seqs, memory_batch(kv.num_blocks, held[kv.block_size])))
+        replicas.append((s.device, b.max_num_seqs, memory_batch(kv.num_blocks, held[kv.block_size])))
     shed = scenario.scheduler.max_waiting is not None or scenario.cluster.max_in_flight is not None
     prefill_tokens = workload.prompt_tokens
     specs = replica_scenarios(scenario)
@@ -359,4 +500,6 @@ def expected_stability(scenario: Scenario, workload: WorkloadArrays) -> Stabilit
     if users is not None:
         w_full_s = fleet_stability(replicas, 1.0, *means, **context).full_batch_latency_s
         rate = users.concurrency / (w_full_s + users.think_time_s)
-    return fleet_stability(replicas, rate, *means, admission_control=shed, **context)
+    burst = len(workload) if math.isinf(rate) and users is None else 0
+    return fleet_stability(replicas, rate, *means, admission_control=shed, **context, burst=burst,
+                           client_concurrency=scenario.workload.max_concurrency)

@@ -137,6 +137,10 @@ def requests_frame(wl: WorkloadArrays, rec: Recorder) -> pd.DataFrame:
     output = wl.output_tokens[idx]
     ttft = first_token - arrival
     e2e = finish - arrival
+    if (ttft < 0).any() or (e2e < 0).any():  # NaN (never reached) compares False
+        bad = int(idx[np.flatnonzero((ttft < 0) | (e2e < 0))[0]])
+        raise RuntimeError(f"request {bad} has a negative latency (arrival {wl.arrival_s[bad]!r} s): a wrapped "
+                           "clock or a bug; the frames would report a wrong result, so there are none")
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(output > 1, (e2e - ttft) / (output - 1), np.nan)
     # Every column is an array made just above, so the frame keeps each as it is (copy=False) instead

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simbatch.config import Batching, Scenario, replica_scenarios
+from simbatch.config import Batching, Scenario, replica_scenarios, sized_caches
 from simbatch.engine import rejection_reasons
 from simbatch.workload import WorkloadArrays
 
@@ -36,6 +36,60 @@ def _rejected_everywhere(scenario: Scenario, workload: WorkloadArrays) -> str | 
     return f"every request would be rejected ({main}): {fixes[main]}"
 
 
+PLAUSIBLE_MS = {"tau0_ms": (0.5, 5_000.0), "beta_ms": (1e-4, 100.0), "prefill_ms_per_token": (1e-4, 100.0),
+                "kv_read_ms_per_1k_tokens": (1e-4, 1_000.0), "prefill_attention_ms_per_1m_pairs": (1e-3, 10_000.0)}
+"""What a GPU's step costs can be, ms: about ten times wider on each side than every preset there is
+(every shipped model on every shipped GPU, tp1 to tp8, bf16 and fp8: tau0 2.8 to 632 ms, beta and gamma
+0.002 to 3.7, delta 0.003 to 8.9, epsilon 0.05 to 53; a step has at least the fitted 0.65 ms of fixed
+overhead). Outside it a value is likely in the wrong unit: seconds, or microseconds, typed as ms. Zero
+is an idealisation (that cost left out), not a typo. tests/test_sharp_edges.py keeps the band true."""
+
+
+def _implausible_costs(scenario: Scenario) -> list[str]:
+    """A warning per device cost outside :data:`PLAUSIBLE_MS`, with the value it may have meant."""
+    devices = [("device", scenario.device)] + [(f"{where}.device", spec.device)
+                                               for where, spec in scenario.cluster.named_groups() if spec.device]
+    out = []
+    for where, device in devices:
+        for key, (low, high) in PLAUSIBLE_MS.items():
+            value = getattr(device, key)
+            if 0 < value < low:
+                out.append(f"{where}.{key} is {value:g} ms, below what any GPU's step costs (at least {low:g} ms); "
+                           f"is it in seconds? {value * 1e3:g} ms")
+            elif value > high:
+                out.append(f"{where}.{key} is {value:g} ms, above what any GPU's step costs (at most {high:g} ms); "
+                           f"is it in microseconds? {value / 1e3:g} ms")
+    return out
+
+
+def _blocks_beyond_memory(scenario: Scenario) -> list[str]:
+    """A warning when a cache of a given number of blocks (not sized by resolution) is more than the preset's
+    GPU holds, as vLLM sizes it."""
+    from simbatch.config.resolve import deployment
+    from simbatch.hardware.memory import kv_budget, weights_problem
+
+    record = scenario.resolution or {}
+    out = []
+    for where, _, kv, device, b in sized_caches(scenario):
+        made = record.get(f"{where}.num_blocks")
+        if device.preset is None or made is not None and made.decided:
+            continue
+        if problem := weights_problem(deployment(device), kv.gpu_memory_utilization):
+            out.append(f"{where.removesuffix('kv_cache')}device.preset {problem}: the run models a deployment that "
+                       "cannot load")
+            continue
+        try:
+            budget = kv_budget(deployment(device), kv.block_size, kv.gpu_memory_utilization,
+                               b.max_num_batched_tokens, b.max_num_seqs, kv.activation_reserve_gib)
+            room, why = budget.blocks, budget.describe()
+        except ValueError:
+            room, why = 0, "no room beside the weights and activations"
+        if kv.num_blocks > room:
+            out.append(f"{where}.num_blocks {kv.num_blocks:,} is more than {device.preset} holds ({room:,} blocks "
+                       f"of {kv.block_size} tokens: {why}); num_blocks: auto sizes the cache as vLLM does")
+    return out
+
+
 def _unused_mode_knobs(batching: Batching) -> list[str]:
     """Settings of another batching mode than the one that runs."""
     out = []
@@ -56,7 +110,7 @@ def advisories(scenario: Scenario, workload: WorkloadArrays, mode_fixed: bool = 
     ``mode_fixed``: the batching mode is the scenario's (``run``). A scenario checked for
     ``compare`` (or by ``validate``, which cannot know) keeps each mode's knobs without a warning.
     """
-    out = []
+    out = _implausible_costs(scenario) + _blocks_beyond_memory(scenario)
     rejected = _rejected_everywhere(scenario, workload)
     if rejected:
         out.append(rejected)

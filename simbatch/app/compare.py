@@ -25,7 +25,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from pydantic import ValidationError
 
+from simbatch.app.text import printable
 from simbatch.config import Scenario
 
 VLLM_KEYS = ("duration", "completed", "total_input_tokens", "total_output_tokens", "request_throughput",
@@ -53,7 +55,9 @@ def variants(vary: list[str], groups: list[str]) -> dict[str, list[str]]:
         axes.append([(key.strip(), v) for v in items])
     columns: list[tuple[str, list[str]]] = []
     for combo in itertools.product(*axes) if axes else []:
-        label = combo[0][1] if len(combo) == 1 else ",".join(f"{_short(k)}={v}" for k, v in combo)
+        # A column says what it is: key=value (a bare true or 0.5 says nothing), but a batching mode names itself.
+        label = combo[0][1] if len(combo) == 1 and combo[0][0] == "batching.mode" else \
+            ",".join(f"{_short(k)}={v}" for k, v in combo)
         columns.append((label, [f"{k}={v}" for k, v in combo]))
     for text in groups:
         sets = [s.strip() for s in text.split(";") if s.strip()]
@@ -97,20 +101,108 @@ def _vllm_requests(record: dict) -> pd.DataFrame | None:
     return pd.DataFrame({"ttft_s": ttft, "status": np.where(np.isfinite(ttft) & (ttft > 0), "finished", "failed")})
 
 
-def load_source(path: Path) -> Source:
-    """A result folder (summary.json, requests.csv, iterations.csv) or a vLLM ``--save-result`` file."""
+MAX_JSON_BYTES = 16_000_000
+"""The largest summary.json or resolved_config.json read from a result folder: a run's are kilobytes."""
+MAX_FRAME_BYTES = 1_000_000_000
+"""The largest requests.csv or iterations.csv read without ``--force``: a run within the size guard
+(:mod:`simbatch.config.guard`) writes a few hundred MB at most; read whole, a file costs about its size."""
+REQUEST_COLUMNS = ("request_id", "replica", "tenant", "arrival_s", "first_scheduled_s", "first_token_s",
+                   "finish_s", "prompt_tokens", "output_tokens", "num_preemptions", "status", "ttft_s", "tpot_s",
+                   "e2e_s")
+"""The columns of requests.csv that the table, the plots and the report read."""
+ITERATION_COLUMNS = ("replica", "start_s", "num_steps", "duration_s", "num_running", "num_waiting", "batch_size",
+                     "decode_tokens", "prefill_tokens", "padded_tokens", "itl_tokens", "kv_blocks_used", "end_s")
+_FOLDER_FIX = "give a folder written by simbatch run (or a column of simbatch compare), as it was written"
+
+
+def _damaged(path: Path, why: str) -> CompareInputError:
+    return CompareInputError(f"{path}: {why}; {_FOLDER_FIX}")
+
+
+def _size_checked(path: Path, limit: int, force: bool | None = None) -> None:
+    """Refuse a file above ``limit`` bytes before reading it (``force``: None when there is no way past)."""
+    size = path.stat().st_size
+    if size > limit and not force:
+        what = "more than simbatch writes there" if force is None else \
+            "more than a run within the size guard writes (pass --force to read it anyway)"
+        raise _damaged(path, f"larger than {limit:,} bytes ({size:,}), {what}")
+
+
+def _read_json(path: Path) -> object:
+    """A result folder's JSON file, or CompareInputError saying what is wrong with it."""
+    _size_checked(path, MAX_JSON_BYTES)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"), parse_constant=float)
+    except RecursionError:
+        raise _damaged(path, "nested too deep to be simbatch's") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _damaged(path, f"not valid JSON ({exc})") from None
+
+
+def _read_frame(path: Path, columns: tuple[str, ...], force: bool) -> pd.DataFrame:
+    """requests.csv or iterations.csv, every column the comparison reads present and numeric (but
+    ``status`` and ``tenant``), or CompareInputError."""
+    _size_checked(path, MAX_FRAME_BYTES, force)
+    try:
+        frame = pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise _damaged(path, "the file is empty") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
+        raise _damaged(path, f"not a well-formed CSV file ({str(exc).strip().splitlines()[0]})") from None
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise _damaged(path, f"no column {missing[0]!r}" + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    text = [c for c in columns if c not in ("status", "tenant") and not pd.api.types.is_numeric_dtype(frame[c])]
+    if text:
+        raise _damaged(path, f"column {text[0]!r} holds text where numbers belong")
+    return frame
+
+
+def _numbers(path: Path, summary: dict, warn) -> dict:
+    """The summary's metrics: numbers only (a value that is not one is reported and left out), with the
+    run's ``mode`` and its ``stability`` check as they are."""
+    out = {}
+    for key, value in summary.items():
+        if key == "mode" and isinstance(value, str) or key == "stability" and isinstance(value, dict) or \
+                isinstance(value, int | float) and not isinstance(value, bool) or value is None:
+            out[key] = value
+        else:
+            warn(f"{path}: {key} is {str(value)[:40]!r}, not a number; shown as n/a")
+    return out
+
+
+def _load_folder(path: Path, force: bool, warn) -> Source:
+    """A result folder: its summary, frames and scenario, each file checked before it is trusted."""
+    files = [path / n for n in ("summary.json", "requests.csv", "iterations.csv", "resolved_config.json")]
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise CompareInputError(f"{path}: not a result folder ({', '.join(missing)} missing); give a folder "
+                                "written by simbatch run, or a vllm bench serve --save-result JSON file")
+    summary = _read_json(files[0])
+    if not isinstance(summary, dict):
+        raise _damaged(files[0], f"not a JSON object of metrics (it holds a {type(summary).__name__})")
+    config = _read_json(files[3])
+    try:
+        scenario = Scenario.model_validate(config)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise _damaged(files[3], f"not a scenario simbatch can read ({where + ': ' if where else ''}"
+                                 f"{err['msg'].removeprefix('Value error, ')})") from None
+    requests = _read_frame(files[1], REQUEST_COLUMNS, force)
+    requests["status"] = pd.Categorical(requests["status"].astype(str))
+    requests["tenant"] = pd.Categorical(requests["tenant"].astype(str))
+    return Source(printable(scenario.name, 40), _numbers(files[0], summary, warn), requests,
+                  _read_frame(files[2], ITERATION_COLUMNS, force), scenario)
+
+
+def load_source(path: Path, force: bool = False, warn=lambda line: None) -> Source:
+    """A result folder (summary.json, requests.csv, iterations.csv) or a vLLM ``--save-result`` file.
+
+    ``force`` reads frames past ``MAX_FRAME_BYTES``; ``warn`` is told of each value left out.
+    """
     if path.is_dir():
-        files = [path / n for n in ("summary.json", "requests.csv", "iterations.csv", "resolved_config.json")]
-        missing = [f.name for f in files if not f.is_file()]
-        if missing:
-            raise CompareInputError(f"{path}: not a result folder ({', '.join(missing)} missing); give a folder "
-                                    "written by simbatch run, or a vllm bench serve --save-result JSON file")
-        summary = json.loads(files[0].read_text(encoding="utf-8"))
-        scenario = Scenario.model_validate(json.loads(files[3].read_text(encoding="utf-8")))
-        requests = pd.read_csv(files[1])
-        requests["status"] = pd.Categorical(requests["status"])
-        requests["tenant"] = pd.Categorical(requests["tenant"].astype(str))
-        return Source(_safe(path.name), summary, requests, pd.read_csv(files[2]), scenario)
+        return _load_folder(path, force, warn)
     if not path.is_file():
         raise CompareInputError(f"{path}: no such file or folder; give result folders or vLLM result JSON files")
     try:
@@ -125,11 +217,16 @@ def load_source(path: Path) -> Source:
     return Source(_safe(path.stem), summary, _vllm_requests(record))
 
 
-def load_sources(paths: list[Path]) -> dict[str, Source]:
-    """Label -> source; labels are the folder or file names, made unique with a ``-2``, ``-3``."""
+def load_sources(paths: list[Path], force: bool = False, warn=lambda line: None) -> dict[str, Source]:
+    """Label -> source; a result folder is labelled by its scenario's name (``name/folder`` when several
+    share one), a vLLM file by its name; what is still alike gets a ``-2``, ``-3``."""
+    sources = [load_source(path, force, warn) for path in paths]
+    names = [s.label for s in sources]
+    for path, source in zip(paths, sources, strict=True):
+        if source.scenario is not None and names.count(source.label) > 1:
+            source.label = f"{source.label}/{printable(path.name, 40)}"
     out: dict[str, Source] = {}
-    for path in paths:
-        source = load_source(path)
+    for source in sources:
         label, n = source.label, 1
         while label in out:
             n += 1

@@ -17,14 +17,16 @@ batch were twice as large?") is a drag away.
 from __future__ import annotations
 
 import html
-import http.server
 import json
 import math
+import sys
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import get_args
 
+from simbatch.app.localhost import LocalHandler, LocalServer
+from simbatch.app.text import printable
 from simbatch.config import Batching, Scenario, Scheduler
 from simbatch.config.guard import TooLarge, check_run
 from simbatch.config.loading import ScenarioError, load_scenario
@@ -156,15 +158,13 @@ redraw();
 </script></body></html>"""
 
 
-def make_server(path: Path, port: int = 0) -> http.server.ThreadingHTTPServer:
-    """The explorer's server on 127.0.0.1 (``port`` 0: a free one); the scenario is checked first."""
+def make_server(path: Path, port: int = 0) -> LocalServer:
+    """The explorer's server on 127.0.0.1 (``port`` 0: a free one); the scenario is checked first.
+    It answers requests addressed to localhost only (:mod:`simbatch.app.localhost`)."""
     scenario = load_scenario(path, [f"workload.num_requests={LESSON_REQUESTS}"])
     body = page(scenario).encode("utf-8")
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def log_message(self, format, *args) -> None:  # noqa: A002 - the signature http.server calls
-            """No line per request."""
-
+    class Handler(LocalHandler):
         def _send(self, status: int, body: bytes, kind: str) -> None:
             self.send_response(status)
             self.send_header("Content-Type", kind)
@@ -181,8 +181,12 @@ def make_server(path: Path, port: int = 0) -> http.server.ThreadingHTTPServer:
                     answer, status = simulate_page(path, urllib.parse.parse_qs(url.query)), 200
                 except ExploreError as exc:
                     answer, status = {"error": str(exc)}, 400
+                except Exception as exc:  # a bug: the page says so in a line, and the server keeps serving
+                    answer, status = {"error": f"the simulation failed ({type(exc).__name__}: {exc}); "
+                                               "please report this, with the scenario"}, 500
+                    sys.stderr.write(f"simbatch explore: {printable(answer['error'])}\n")
                 self._send(status, json.dumps(answer).encode("utf-8"), "application/json")
             else:
                 self._send(404, b"not found", "text/plain")
 
-    return http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    return LocalServer(Handler, port)

@@ -122,8 +122,26 @@ def _batch(b: float) -> str:
     return f"{b:g}" if float(b).is_integer() else f"{b:.1f}"
 
 
+def _burst_block(st: Stability) -> str:
+    """The check of a finite burst (every request at t = 0): no rate to carry, a time to drain."""
+    slots = st.batch_size * st.replicas
+    lines = [_title("Stability check", "="),
+             f"A burst: {st.burst:,} requests at t = 0 (rate inf), no steady rate to carry",
+             _row("Mean output tokens E[out]:", st.mean_output_tokens, 1),
+             _row(f"Capacity {'' if st.replicas == 1 else f'{st.replicas} × '}B/τ(B) at B = {_batch(st.batch_size)} "
+                  "(tok/s):", st.capacity_tokens_per_s),
+             _row("Full batches the burst fills:", st.burst / slots, 1),
+             _row("Burst drains in about (s):", st.drain_s),
+             _row("Limit that binds:", {"slots": "slots (max_num_seqs)", "memory": "KV memory",
+                                        "compute": "compute (work no batch shares)"}[st.limited_by]),
+             f"Verdict: {st.verdict}", "=" * WIDTH]
+    return "\n".join(lines)
+
+
 def stability_block(st: Stability) -> str:
     """The check to run before any simulation: can this device carry this traffic at all?"""
+    if st.burst:
+        return _burst_block(st)
     per = "" if st.replicas == 1 else f"{st.replicas} × "
     slots = st.batch_size * st.replicas  # a mixed fleet's batch_size is its mean full batch
     lines = [_title("Stability check", "="),
@@ -142,8 +160,10 @@ def stability_block(st: Stability) -> str:
         lines.append(_row("Mean context per decode step (tokens):", st.mean_context_tokens, 0))
     lines += [_row(f"Capacity {per}B/τ(B) at B = {_batch(st.batch_size)} (tok/s):", st.capacity_tokens_per_s),
               _row("Offered load ρ (demand / capacity):", st.offered_load),
-              _row("Replicas the traffic needs (ρ < 1):", st.replicas_needed),
-              _row("Limit that binds:", {"slots": "slots (max_num_seqs)", "memory": "KV memory",
+              _row("Replicas the traffic needs (ρ < 1):", st.replicas_needed)]
+    if st.client_concurrency is not None:
+        lines += [_row(f"Client: {st.client_concurrency} in flight carry (req/s):", st.client_capacity_requests_per_s)]
+    lines += [_row("Limit that binds:", {"slots": "slots (max_num_seqs)", "memory": "KV memory",
                                          "compute": "compute (work no batch shares)"}[st.limited_by]),
               f"Verdict: {st.verdict}",
               _title("Concurrency (Little's law)"),
@@ -266,16 +286,42 @@ def _keyed_rows(summaries: list[Mapping]) -> list[tuple[str, str, int]]:
     return rows
 
 
+def _stability(run) -> Stability | Mapping | None:
+    """A run's stability check: its own (a simulated run), or its summary.json's record (a result folder)."""
+    st = getattr(run, "stability", None)
+    if isinstance(st, Stability):
+        return st
+    record = (getattr(run, "summary", None) or {}).get("stability")
+    return record if isinstance(record, Mapping) else None
+
+
+def verdict_lines(results: Mapping) -> list[str]:
+    """Each column's verdict, in full: ``label: verdict: ...`` (a column without a check has none)."""
+    out = []
+    for label, run in results.items():
+        st = _stability(run)
+        verdict = st.verdict if isinstance(st, Stability) else None if st is None else st.get("verdict")
+        if isinstance(verdict, str):
+            out.append(f"{label}: verdict: {verdict}")
+    return out
+
+
 def compare_table(results: Mapping) -> str:
     """One column per run (``results``: label -> anything with ``summary`` and ``iterations``, which may be None).
 
-    The metrics that tell runs apart, then the per-tenant and per-replica ones (replicas only up to
-    ``MAX_REPLICA_ROWS``). A row that no column has is left out; a value a column lacks is n/a.
+    Each column's stability verdict (its own closed-form check, shortened: :func:`verdict_lines` has it
+    whole), the metrics that tell runs apart, then the per-tenant and per-replica ones (replicas only up
+    to ``MAX_REPLICA_ROWS``). A row that no column has is left out; a value a column lacks is n/a.
     """
     width = max(14, *(len(m) + 2 for m in results))
     summaries = [r.summary for r in results.values()]
     lines = [f"{'':<34}" + "".join(f"{mode:>{width}}" for mode in results),
              "-" * (34 + width * len(results))]
+    checks = [_stability(r) for r in results.values()]
+    if any(c is not None for c in checks):
+        cells = [c.short_verdict if isinstance(c, Stability) else "n/a" if c is None else str(c.get("short_verdict",
+                 "stable" if c.get("stable") else "not stable")) for c in checks]
+        lines.append(f"{'Stability (closed form)':<34}" + "".join(f"{printable(c, width - 1):>{width}}" for c in cells))
     for label, key, digits in (*_COMPARE_ROWS, *_keyed_rows(summaries)):
         if isinstance(key, str) and not any(key in s for s in summaries):
             continue
@@ -284,11 +330,20 @@ def compare_table(results: Mapping) -> str:
     return "\n".join(lines)
 
 
+def capacity_curve(device: Device, max_num_seqs: int, context_tokens: float = 0.0) -> list[dict[str, float]]:
+    """The analytic throughput curve at B = 1, 2, 4, ... and at max_num_seqs, one replica: per B its step
+    time τ(B) (ms; with speculative decoding the speculating step) and tokens/s B / τ(B) (B·E / τ(B))."""
+    sizes = sorted({*(2**k for k in range(max_num_seqs.bit_length()) if 2**k < max_num_seqs), max_num_seqs})
+    spec, cost = device.speculative, LinearCost.of(device)
+    return [{"batch_size": b, "step_ms": speculative.step_ms(cost, b, spec.num_speculative_tokens if spec else 0,
+                                                               context_tokens, spec),
+             "tokens_per_s": b / token_step_s(device, b, context_tokens)} for b in sizes]
+
+
 def capacity_table(device: Device, max_num_seqs: int, replicas: int = 1, context_tokens: float = 0.0) -> str:
     """The analytic throughput curve B / τ(B) at B = 1, 2, 4, ... and at max_num_seqs, each sequence
     reading ``context_tokens`` of cached context (which costs only with device.kv_read_ms_per_1k_tokens)."""
     roofline = roofline_tokens_per_s(device, context_tokens)
-    sizes = sorted({*(2**k for k in range(max_num_seqs.bit_length()) if 2**k < max_num_seqs), max_num_seqs})
     per = " per replica" if replicas > 1 else ""
     if device.kv_read_ms_per_1k_tokens:
         formula = (f"Step time τ(B) = {device.tau0_ms:g} + ({device.beta_ms:g} + {device.kv_read_ms_per_1k_tokens:g}"
@@ -298,16 +353,15 @@ def capacity_table(device: Device, max_num_seqs: int, replicas: int = 1, context
     lines = [_title("Capacity (analytic)", "="),
              f"{formula}{_fmt(roofline, 0)} tok/s{per}",
              f"{'B':>8}{'τ(B) (ms)':>12}{'tokens/s' + per:>{14 + len(per)}}{'% of roofline':>16}"]
-    spec, cost = device.speculative, LinearCost.of(device)
+    spec = device.speculative
     if spec is not None:
         k, alpha = spec.num_speculative_tokens, spec.acceptance_rate
         lines.insert(2, f"Speculative decoding, k = {k}, α = {alpha:g}: "
                         f"{speculative.tokens_per_step(spec):.2f} tokens per step; τ(B) below is the "
                         f"speculating step, tokens/s B·E/τ(B)")
-    for b in sizes:
-        tps = b / token_step_s(device, b, context_tokens)
+    for row in capacity_curve(device, max_num_seqs, context_tokens):
+        b, step_ms, tps = row["batch_size"], row["step_ms"], row["tokens_per_s"]
         share = "n/a" if math.isinf(roofline) else f"{100 * tps / roofline:.1f} %"
-        step_ms = speculative.step_ms(cost, b, spec.num_speculative_tokens if spec else 0, context_tokens, spec)
         lines.append(f"{b:>8}{step_ms:>12.2f}{tps:>{14 + len(per)},.2f}{share:>16}")
     if replicas > 1:
         lines.append(f"With {replicas} replicas at B = {max_num_seqs}: "

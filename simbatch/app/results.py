@@ -1,9 +1,10 @@
 """The result folder: everything a run produced, appearing whole or not at all.
 
 A run is written into a hidden temporary folder next to its destination and renamed into place
-only once every file is written. A crash, a full disk, Ctrl-C or SIGTERM halfway leaves no folder
-that looks like a result, so a folder's existence means it is complete. Folders and files get the
-permissions the user's umask gives any new file.
+only once every file is written (:mod:`simbatch.app.atomic`). A crash, a full disk, Ctrl-C or SIGTERM
+halfway leaves no folder that looks like a result, so a folder's existence means it is complete; what
+a killed run left (a hidden ``.partial-`` folder) the next run writing beside it removes. Folders and
+files get the permissions the user's umask gives any new file.
 
 Layout of one run::
 
@@ -46,6 +47,7 @@ import pandas as pd
 import yaml
 
 from simbatch import __version__
+from simbatch.app.atomic import partial_folder, remove_leftovers, umask
 from simbatch.app.errors import OutputError  # noqa: F401 - raised here, caught by the command line
 from simbatch.app.text import spreadsheet_safe_frame
 from simbatch.config import Scenario
@@ -87,13 +89,6 @@ def _free(base: Path) -> Path:
         n += 1
         folder = base.with_name(f"{base.name}-{n}")
     return folder
-
-
-def umask() -> int:
-    """The process's umask (reading it means setting it: set it straight back)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def check_target(folder: Path) -> None:
@@ -159,7 +154,8 @@ def atomic_folder(folder: Path, unique: bool = False) -> Iterator[Target]:
     check_target(folder)
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.partial-", dir=folder.parent))
+        remove_leftovers(folder.parent)
+        tmp = partial_folder(folder)
     except OSError as exc:
         raise OutputError(f"cannot create the result folder {folder}: {exc.strerror or exc}") from None
     target = Target(tmp, folder)
@@ -193,7 +189,8 @@ def summary_record(result: Result) -> dict:
     """``summary.json``: the summary's vLLM keys, the mode, and the stability check."""
     st = result.stability
     return json_safe({"mode": result.scenario.batching.mode, **result.summary,
-                      "stability": {**dataclasses.asdict(st), "stable": st.stable, "verdict": st.verdict}})
+                      "stability": {**dataclasses.asdict(st), "stable": st.stable, "verdict": st.verdict,
+                                    "short_verdict": st.short_verdict}})
 
 
 def _write_json(path: Path, data) -> None:

@@ -19,9 +19,9 @@ _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
 def printable(text: object, limit: int | None = None) -> str:
-    """``text`` with every control or format character escaped (``\\x1b``, ``\\n``, ``\\u202e``),
+    """``text`` with every control, format or lone surrogate character escaped (``\\x1b``, ``\\n``, ``\\u202e``),
     cut to ``limit`` characters with an ellipsis."""
-    out = "".join(repr(ch)[1:-1] if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp") else ch
+    out = "".join(repr(ch)[1:-1] if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Zl", "Zp") else ch
                   for ch in str(text))
     return out if limit is None or len(out) <= limit else out[: limit - 1] + "…"
 

@@ -13,6 +13,10 @@ bottom, every time axis linked (pan or zoom one, the others follow):
 - **TTFT, TPOT and ITL distributions** (histograms on a log scale, every run overlaid), and TTFT by
   arrival time, a point per request with the same hover.
 
+Beside the plots, at the top, the numbers: the result table as ``simbatch run`` prints it (a comparison's
+table, a column per run), the stability check and its verdict (each column's), and the scenario as run,
+folded (``scenario.yaml``), so the page alone says what was simulated and what came of it.
+
 Bounded for big runs: a Gantt shows at most ``GANTT_MAX_REQUESTS`` requests (every k-th by arrival
 when there are more; the page says so), a time series ``SERIES_BINS`` bins, so the
 file stays a few MB whatever the run's size.
@@ -24,6 +28,7 @@ may be None: a vLLM result file brings TTFTs only), and optionally ``scenario``,
 
 from __future__ import annotations
 
+import contextlib
 import html
 import math
 from collections.abc import Mapping
@@ -245,6 +250,40 @@ def _ttft_by_arrival(timed: Mapping[str, object], colors: dict[str, str], x_rang
     return p
 
 
+def _pre(text: str) -> str:
+    return f"<pre style='font-size:12px;line-height:1.25'>{html.escape(text)}</pre>"
+
+
+def numbers(runs: Mapping[str, object]) -> str:
+    """The page's numbers as HTML, every text escaped: the result table (or the comparison's), the stability
+    check (or each column's verdict), and each run's scenario, folded."""
+    from simbatch.analysis.capacity import Stability
+    from simbatch.app import report
+    from simbatch.app.results import scenario_yaml
+
+    summarized = {label: r for label, r in runs.items() if isinstance(getattr(r, "summary", None), Mapping)}
+    parts = []
+    if len(summarized) == 1:
+        run = next(iter(summarized.values()))
+        scenario, st = getattr(run, "scenario", None), getattr(run, "stability", None)
+        # A summary from elsewhere may lack a key the table reads: then the page goes without it.
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            if scenario is not None:
+                parts.append(_pre(report.result_table(run.summary, scenario.metrics.percentile_metrics,
+                                                      scenario.metrics.metric_percentiles)))
+        if isinstance(st, Stability):
+            parts.append(_pre(report.stability_block(st)))
+    elif summarized:
+        parts.append(_pre(report.compare_table(summarized)))
+        parts.append(_pre("\n".join(report.verdict_lines(summarized))))
+    for label, run in runs.items():
+        scenario = getattr(run, "scenario", None)
+        if scenario is not None:
+            parts.append(f"<details><summary>scenario{': ' + html.escape(label) if len(runs) > 1 else ''} "
+                         f"(scenario.yaml)</summary>{_pre(scenario_yaml(scenario))}</details>")
+    return "".join(parts)
+
+
 def build(runs: Mapping[str, object], title: str):
     """The page's Bokeh layout (see the module docstring)."""
     from bokeh.layouts import column, row
@@ -266,7 +305,8 @@ def build(runs: Mapping[str, object], title: str):
         items.append(row(*hists, sizing_mode="stretch_width"))
     if timed:
         items.append(_ttft_by_arrival(timed, colors, x_range))
-    header = f"<h2>{html.escape(title)}</h2>" + "".join(f"<p><i>{html.escape(n)}</i></p>" for n in notes)
+    header = f"<h2>{html.escape(title)}</h2>" + numbers(runs) + \
+        "".join(f"<p><i>{html.escape(n)}</i></p>" for n in notes)
     if not items:
         header += "<p>These runs hold no per-request or per-step data to draw.</p>"
     return column(Div(text=header, sizing_mode="stretch_width"), *items, sizing_mode="stretch_width")

@@ -7,7 +7,11 @@ default or an absurd figure much later:
   is refused, with the closest known key suggested) and infinities or NaNs;
 - every count is a bounded type (``PosInt``, ``Tokens``, ...): ``strict`` integers, so ``16.5`` blocks
   or ``"8"`` sequences are refused rather than rounded or parsed;
-- every plausible range has a named bound (``MAX_*``): a value beyond it is an exponent too many.
+- every plausible range has a named bound (``MAX_*``): a value beyond it is an exponent too many, far
+  beyond anything real (the reason is beside each) and near enough that nothing derived from a value
+  inside it overflows or wraps: a step of 1e305 ms or a KV transfer of 1e300 ms is refused here, as one
+  line naming the field, never carried into a mean TPOT of 6.7e297 ms or an OverflowError mid-run;
+- every time fits the simulation clock, int64 nanoseconds (``MAX_TIME_S``, the ``Clock*`` types).
 
 Scenario files speak milliseconds and the model runs in seconds; :func:`seconds` is the one
 conversion, used by the sections' ``*_s`` properties.
@@ -17,7 +21,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 MAX_TOKENS = 10_000_000
 """The longest prompt or output a length may have: ten times the longest context windows there are.
@@ -26,8 +30,15 @@ A larger value is a typo (an exponent too many), and would make every figure der
 MAX_RATE = 1e6
 """The highest finite arrival rate, requests/s: a thousand times a large fleet's; above it, a typo."""
 
-MAX_CONTEXT_COST_MS = 1e6
+MAX_COST_MS = 1e6
+"""The largest cost of one term of a step, ms: a thousand seconds (the slowest preset's tau0 is 632 ms)."""
+
+MAX_CONTEXT_COST_MS = MAX_COST_MS
 """The largest context cost per 1k tokens or 1M pairs, ms: a thousand seconds; above it, a typo."""
+
+MAX_TIME_S = 2**62 / 1e9
+"""The latest time a scenario may name, s (about 4.6e9 s, 146 years): the clock counts int64 nanoseconds
+(2^63 ns, 292 years), and half of that is left for serving what arrives last (simbatch.model.clock)."""
 
 MAX_FRONTEND_MS = 60_000.0
 """The longest frontend latency, ms: a minute; above it, a typo (and an overflow risk on the ns clock)."""
@@ -38,6 +49,26 @@ PosFloat = Annotated[float, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
 Tokens = Annotated[int, Field(gt=0, le=MAX_TOKENS, strict=True)]
 MeanTokens = Annotated[float, Field(gt=0, le=MAX_TOKENS)]
+
+
+def on_the_clock(seconds: float) -> float:
+    """A duration or instant the simulation clock can hold (``MAX_TIME_S``), or ValueError saying so."""
+    if seconds > MAX_TIME_S:
+        raise ValueError(f"{seconds:.3g} s is past the {MAX_TIME_S:.2g} s the simulation clock holds "
+                         "(int64 nanoseconds)")
+    return seconds
+
+
+def ms_on_the_clock(ms: float) -> float:
+    """:func:`on_the_clock` for a setting in milliseconds."""
+    on_the_clock(ms / 1e3)
+    return ms
+
+
+ClockS = Annotated[float, Field(gt=0), AfterValidator(on_the_clock)]
+ClockNonNegS = Annotated[float, Field(ge=0), AfterValidator(on_the_clock)]
+ClockMs = Annotated[float, Field(ge=0), AfterValidator(ms_on_the_clock)]
+CostMs = Annotated[float, Field(ge=0, le=MAX_COST_MS)]
 
 
 def seconds(ms: float | None) -> float | None:

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from simbatch.config.base import NonNegFloat, PosInt, _Model, seconds
+from simbatch.config.base import ClockMs, PosInt, _Model, seconds
 
 
 class Batching(_Model):
@@ -33,12 +33,12 @@ class Batching(_Model):
     pad_prompts: bool = Field(
         default=True, description="Pad prompts to the longest in the batch (static/dynamic)."
     )
-    max_wait_ms: NonNegFloat | None = Field(
+    max_wait_ms: ClockMs | None = Field(
         default=None,
         description="static: start a partial batch once the oldest request has waited this long; "
         "null waits for a full batch (flushing when arrivals end).",
     )
-    max_queue_delay_ms: NonNegFloat = Field(
+    max_queue_delay_ms: ClockMs = Field(
         default=10.0, description="dynamic: dispatch once the oldest request has waited this long, ms."
     )
 

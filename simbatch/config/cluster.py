@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from simbatch.config.base import NonNegFloat, PosFloat, PosInt, _Model, seconds
+from simbatch.config.base import ClockMs, NonNegFloat, PosFloat, PosInt, _Model, seconds
 from simbatch.config.batching import Batching
 from simbatch.config.device import Device
 from simbatch.config.kv_cache import KVCache
@@ -40,12 +40,23 @@ class ReplicaSpec(_Model):
 
 LOAD_ROUTERS = ("least_outstanding", "least_kv", "power_of_two", "session_affinity")
 
+MAX_TRANSFER_LATENCY_MS = 60_000.0
+"""A KV transfer's fixed set-up at most a minute (RDMA and NVLink set-ups take microseconds to milliseconds)."""
+
+MIN_LINK_GB_S, MAX_LINK_GB_S = 1e-3, 1e5
+"""A KV link between 1 MB/s (a slow WAN) and 100 TB/s (fifty times NVLink 5's 1.8 TB/s per GPU)."""
+
+MAX_KV_BYTES_PER_TOKEN = 1e9
+"""One token's KV at most 1 GB (GPT-3 175B without grouped-query attention holds 4.7 MB per token)."""
+
 
 class KVTransfer(_Model):
     """The link a request's KV crosses from its prefill replica to its decode replica."""
 
-    bandwidth_gb_s: PosFloat = Field(description="Bytes moved per second, in GB/s (10^9 bytes).")
-    latency_ms: NonNegFloat = Field(default=0.0, description="Fixed cost of one transfer (set-up, handshake), ms.")
+    bandwidth_gb_s: float = Field(ge=MIN_LINK_GB_S, le=MAX_LINK_GB_S,
+                                  description="Bytes moved per second, in GB/s (10^9 bytes).")
+    latency_ms: NonNegFloat = Field(default=0.0, le=MAX_TRANSFER_LATENCY_MS,
+                                    description="Fixed cost of one transfer (set-up, handshake), ms.")
 
     def seconds_for(self, num_bytes: float) -> float:
         """One transfer of ``num_bytes``: bytes / bandwidth + latency, s."""
@@ -69,7 +80,7 @@ class Disaggregated(_Model):
         default="least_outstanding", description="Which decode replica a prefilled request goes to (as "
         "cluster.router, over the decode pool; read when its KV transfer is requested).")
     kv_bytes_per_token: PosFloat | None = Field(
-        default=None, description="Bytes per token. The KV of one token on one GPU (all layers, keys and "
+        default=None, le=MAX_KV_BYTES_PER_TOKEN, description="Bytes per token. The KV of one token on one GPU (all layers, keys and "
         "values); from the prefill pool's device.preset when omitted (required without one).")
 
     def check_kv_bytes(self, has_preset: bool) -> None:
@@ -98,7 +109,7 @@ class Cluster(_Model):
         "usage fraction); power_of_two (two random replicas, the less outstanding); session_affinity (a "
         "session sticks to the replica its first request went to, chosen by least_outstanding).",
     )
-    signal_delay_ms: NonNegFloat = Field(
+    signal_delay_ms: ClockMs = Field(
         default=0.0, description="Load-reading routers see each replica's state as it was this long ago, ms."
     )
     max_in_flight: PosInt | None = Field(

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from simbatch.config.base import MAX_CONTEXT_COST_MS, NonNegFloat, PosFloat, PosInt, _Model, seconds
+from simbatch.config.base import MAX_CONTEXT_COST_MS, CostMs, NonNegFloat, PosFloat, PosInt, _Model, seconds
 from simbatch.config.cards import GpuCard, ModelCard
 
 DEVICE_COSTS = ("tau0_ms", "beta_ms", "prefill_ms_per_token", "kv_read_ms_per_1k_tokens",
                 "prefill_attention_ms_per_1m_pairs")
 """The five costs of a step (tau0, beta, gamma, delta, epsilon), as the device section names them."""
+
+MAX_DRAFT_COST_FRACTION = 10.0
+"""A drafter's pass at most ten times the target's step (a draft model is a fraction of the target's size)."""
 
 
 class Speculative(_Model):
@@ -36,9 +39,9 @@ class Speculative(_Model):
         default=None, description="Each request its own acceptance rate, drawn from a Beta distribution of mean "
         "acceptance_rate and this concentration (variance alpha (1 - alpha) / (1 + concentration)); null: "
         "every request has acceptance_rate.")
-    draft_cost_ms: NonNegFloat | None = Field(default=None, description="The drafter's time per draft step, ms.")
+    draft_cost_ms: CostMs | None = Field(default=None, description="The drafter's time per draft step, ms.")
     draft_cost_fraction: NonNegFloat | None = Field(
-        default=None, description="The drafter's time per draft step as a fraction of the target's step time "
+        default=None, le=MAX_DRAFT_COST_FRACTION, description="The drafter's time per draft step as a fraction of the target's step time "
         "over the same sequences (tau0 + beta S + delta K: a draft model this much the target's size).")
 
     @model_validator(mode="after")
@@ -63,9 +66,9 @@ class Device(_Model):
     a key given beside it overrides the preset's value.
     """
 
-    tau0_ms: NonNegFloat = Field(default=20.0, description="Fixed cost of a step (streaming the weights), ms.")
-    beta_ms: NonNegFloat = Field(default=0.2, description="Marginal cost per decoding sequence, ms.")
-    prefill_ms_per_token: NonNegFloat = Field(default=0.0, description="Cost per prefill token, ms.")
+    tau0_ms: CostMs = Field(default=20.0, description="Fixed cost of a step (streaming the weights), ms.")
+    beta_ms: CostMs = Field(default=0.2, description="Marginal cost per decoding sequence, ms.")
+    prefill_ms_per_token: CostMs = Field(default=0.0, description="Cost per prefill token, ms.")
     kv_read_ms_per_1k_tokens: NonNegFloat = Field(
         default=0.0, le=MAX_CONTEXT_COST_MS,
         description="delta: cost of reading 1,000 cached KV tokens (every scheduled request reads its "
@@ -103,6 +106,18 @@ class Device(_Model):
         if self.preset is None and (self.gpu_card is not None or self.model_card is not None):
             raise ValueError("gpu_card/model_card are used by a preset only; set device.preset to "
                              "<model>/<gpu> naming them, or remove them")
+        if self.preset is not None:
+            self._cards_named()
         if self.tau0_ms == 0 and self.beta_ms == 0:
             raise ValueError("tau0_ms and beta_ms are both 0: a step would take no time")
         return self
+
+    def _cards_named(self) -> None:
+        """An inline card is used only when the preset names it: one it does not name would be ignored."""
+        parts = self.preset.strip().split("/")
+        for key, card, part, what in (("gpu_card", self.gpu_card, parts[1:2], "GPU"),
+                                      ("model_card", self.model_card, parts[:1], "model")):
+            if card is not None and [p.lower() for p in part] != [card.name.lower()]:
+                named = part[0] if part else "none"
+                raise ValueError(f"{key} {card.name!r} is not the {what} the preset names ({named!r}), so it would be "
+                                 f"ignored; name it in device.preset, or remove {key}")

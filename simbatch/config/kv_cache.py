@@ -14,7 +14,13 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from simbatch.config.base import NonNegFloat, NonNegInt, PosInt, _Model
+from simbatch.config.base import CostMs, NonNegFloat, NonNegInt, PosInt, _Model
+
+MAX_NUM_BLOCKS = 100_000_000
+"""KV blocks on one device: a hundred times more than the largest GPU holds at block_size 1."""
+
+MAX_KV_CACHE_TOKENS = 1_000_000_000
+"""KV tokens on one device (vLLM's "GPU KV cache size"): a hundred times the largest GPU's."""
 
 
 class KVCache(_Model):
@@ -25,7 +31,7 @@ class KVCache(_Model):
         default=8192, description="Blocks on the device; auto: from the GPU's memory as vLLM sizes it (needs "
         "device.preset), or from gpu_kv_cache_tokens.")
     gpu_kv_cache_tokens: PosInt | None = Field(
-        default=None, description="The token count vLLM logs at start-up (\"GPU KV cache size: N tokens\"): "
+        default=None, le=MAX_KV_CACHE_TOKENS, description="The token count vLLM logs at start-up (\"GPU KV cache size: N tokens\"): "
         "num_blocks = N // block_size.")
     gpu_memory_utilization: float = Field(
         default=0.9, gt=0, le=1, description="num_blocks auto: the fraction of GPU memory vLLM may use "
@@ -34,7 +40,7 @@ class KVCache(_Model):
         default=None, description="num_blocks auto: memory kept for activations and outside PyTorch, GiB per "
         "GPU; estimated from the model when omitted (docs/hardware.md).")
     swap_blocks: NonNegInt = Field(default=0, description="Blocks in the host swap pool (swap preemption).")
-    swap_ms_per_block: NonNegFloat = Field(default=0.0, description="Transfer time per block, each way, ms.")
+    swap_ms_per_block: CostMs = Field(default=0.0, description="Transfer time per block, each way, ms.")
     enable_prefix_caching: bool = Field(
         default=False, description="Keep computed blocks, keyed by their content, for later requests with the "
         "same prefix (vLLM's automatic prefix caching; continuous batching only)."
@@ -44,9 +50,10 @@ class KVCache(_Model):
     @classmethod
     def _blocks_or_auto(cls, value):
         # One message for both halves of the union (pydantic would list a failure for each).
-        if value == "auto" or isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        if value == "auto" or isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_NUM_BLOCKS:
             return value
-        raise ValueError("num_blocks must be a whole number of blocks greater than 0, or auto")
+        raise ValueError(f"num_blocks must be a whole number of blocks greater than 0 and at most "
+                         f"{MAX_NUM_BLOCKS:,} (a hundred times what the largest GPU holds), or auto")
 
     @property
     def blocks_from_tokens(self) -> int | None:

@@ -346,11 +346,40 @@ def data_file_problem(path: Path) -> str | None:
     return None
 
 
-def _from_command_line(problem: Problem, keys: list[str]) -> Problem:
-    """A problem with a value given by ``--set`` is reported against ``--set``, not a line of the file."""
-    if any(problem.path == k or problem.path.startswith(k + ".") for k in keys):
+def _from_command_line(problem: Problem, keys: list[str], marks: dict[tuple, yaml.Mark]) -> Problem:
+    """A problem with a value given by ``--set`` is reported against ``--set``, not a line of the file;
+    so is one with a key only ``--set`` wrote (``--set workload.arival.rate=4`` makes ``workload.arival``)."""
+    made_by_set = problem.path and tuple(problem.path.split(".")) not in marks and \
+        any(k.startswith(problem.path + ".") for k in keys)
+    if made_by_set or any(problem.path == k or problem.path.startswith(k + ".") for k in keys):
         return Problem("--set", problem.path, problem.message)
     return problem
+
+
+def _is_surrogate(ch: str) -> bool:
+    return "\ud800" <= ch <= "\udfff"
+
+
+def whole_characters(value: Any, source: str, marks: dict[tuple, yaml.Mark], path: tuple = ()) -> Any:
+    """``value`` with every string made of whole characters: YAML reads ``"\\ud83d\\ude80"`` (JSON's
+    spelling of one emoji) as two halves of a UTF-16 pair, which no file or terminal can write; a pair is
+    joined into its character, a lone half is a ScenarioError at its place."""
+    if isinstance(value, dict):
+        return {whole_characters(k, source, marks, path): whole_characters(v, source, marks, (*path, str(k)))
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [whole_characters(v, source, marks, (*path, str(i))) for i, v in enumerate(value)]
+    if not isinstance(value, str) or not any(map(_is_surrogate, value)):
+        return value
+    try:
+        return value.encode("utf-16", "surrogatepass").decode("utf-16")
+    except UnicodeDecodeError:
+        lone = next(ch for ch in value if _is_surrogate(ch)).encode("unicode_escape").decode()
+        mark = _locate(path, marks, False) if marks else None
+        raise ScenarioError([Problem(source, ".".join(path), f"holds a lone surrogate ({lone}), half of a UTF-16 "
+                                     "pair and no character; write the character itself, or its \\U escape "
+                                     "(\\U0001F680)", None if mark is None else mark.line + 1,
+                                     None if mark is None else mark.column + 1)]) from None
 
 
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
@@ -359,10 +388,11 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
     source = str(path)
     node, data = read_yaml(read_text(path), source)
     marks = _marks(node) if node is not None else {}
-    parsed = [parse_override(o) for o in overrides or []]
+    data = whole_characters(data, source, marks)
+    parsed = [(key, whole_characters(value, "--set", {}, (key,))) for key, value in map(parse_override, overrides or [])]
     if parsed:
         data = apply_overrides(data if isinstance(data, dict) else {}, parsed)
     try:
         return scenario_from_dict(data, source, marks, base_dir=path.resolve().parent)
     except ScenarioError as exc:
-        raise ScenarioError([_from_command_line(p, [k for k, _ in parsed]) for p in exc.problems]) from None
+        raise ScenarioError([_from_command_line(p, [k for k, _ in parsed], marks) for p in exc.problems]) from None

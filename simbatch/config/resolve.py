@@ -42,7 +42,7 @@ from simbatch.config.device import DEVICE_COSTS, Device
 from simbatch.config.kv_cache import KVCache
 from simbatch.config.provenance import Provenance, Resolution
 from simbatch.config.scenario import Scenario, sized_caches
-from simbatch.hardware.memory import kv_budget
+from simbatch.hardware.memory import kv_budget, weights_problem
 from simbatch.hardware.preset import Deployment, fitted, parse
 
 M = TypeVar("M", bound=BaseModel)
@@ -153,6 +153,11 @@ def _blocks(cache: KVCache, device: Device, batching: Batching, where: str) -> t
                                batching.max_num_seqs, cache.activation_reserve_gib)
             how = Provenance(budget.blocks, "preset", f"{d.name}: {budget.describe()}")
         else:
+            # A number of blocks given does not make a deployment fit that cannot load its weights (with the
+            # default number, simbatch.app.advice warns: the preset's costs alone are still worth reading).
+            if device.preset is not None and "num_blocks" in cache.model_fields_set and \
+                    (problem := weights_problem(deployment(device), cache.gpu_memory_utilization)):
+                raise ValueError(f"{where.removesuffix('kv_cache')}device.preset {problem}")
             return cache, Provenance(cache.num_blocks, "explicit" if "num_blocks" in cache.model_fields_set
                                      else "default")
     except ValueError as exc:

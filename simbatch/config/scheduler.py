@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from simbatch.config.base import PosFloat, PosInt, _Model
+from simbatch.config.base import ClockS, PosFloat, PosInt, _Model
 
 
 class Scheduler(_Model):
@@ -25,7 +25,7 @@ class Scheduler(_Model):
         default="prompt",
         description="sjf orders by prompt length, or by true output length (an oracle: an upper bound).",
     )
-    aging_s: PosFloat | None = Field(
+    aging_s: ClockS | None = Field(
         default=None, description="priority: a waiting request gains one priority level per aging_s."
     )
     tenant_weights: dict[str, PosFloat] = Field(

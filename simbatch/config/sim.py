@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from simbatch.config.base import PosFloat, _Model
+from simbatch.config.base import ClockS, _Model
 
 
 class Sim(_Model):
     """Simulation controls."""
 
-    max_time_s: PosFloat | None = Field(
+    max_time_s: ClockS | None = Field(
         default=None, description="Stop the clock here; requests still in the system are `unfinished`."
     )
     fast_forward: bool = Field(

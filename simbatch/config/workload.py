@@ -14,7 +14,15 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from simbatch.config.base import MAX_RATE, NonNegFloat, NonNegInt, PosFloat, PosInt, _Model
+from simbatch.config.base import (
+    MAX_RATE,
+    ClockNonNegS,
+    ClockS,
+    NonNegInt,
+    PosFloat,
+    PosInt,
+    _Model,
+)
 from simbatch.config.lengths import Fixed, LengthDist
 
 
@@ -86,7 +94,7 @@ class ClosedLoop(_Model):
     """
 
     concurrency: PosInt = Field(description="Users, each with at most one request in flight.")
-    think_time_s: NonNegFloat = Field(
+    think_time_s: ClockNonNegS = Field(
         default=0.0, description="A user's pause between a response ending and its next request, s.")
 
 
@@ -114,7 +122,7 @@ class Workload(_Model):
     num_requests: PosInt | None = Field(
         default=None, description="Stop after this many arrivals (a trace: replay its first N rows)."
     )
-    duration_s: PosFloat | None = Field(default=None, description="Stop arrivals after this much time, s.")
+    duration_s: ClockS | None = Field(default=None, description="Stop arrivals after this much time, s.")
     arrival: Arrival | None = Field(default_factory=Arrival,
                                     description="When requests arrive; null with closed_loop, whose users send instead.")
     prompt_tokens: LengthDist = Field(default_factory=lambda: Fixed(value=128),

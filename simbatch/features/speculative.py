@@ -53,10 +53,14 @@ if TYPE_CHECKING:
 _BATCH = 64  # draws fetched from a request's generator at a time
 
 
-def expected_tokens_per_step(k: int, alpha: float) -> float:
-    """E[A + 1] for k drafts, each accepted with probability alpha: 1 + alpha + ... + alpha^k, which
-    is (1 - alpha^(k+1)) / (1 - alpha)."""
-    return sum(alpha ** j for j in range(k + 1))
+def expected_tokens_per_step(k: int, alpha):
+    """E[A + 1] for k drafts, each accepted with probability alpha (a number or an array in [0, 1)):
+    1 + alpha + ... + alpha^k, in closed form (1 - alpha^(k+1)) / (1 - alpha), so that any k costs the
+    same. ``-expm1((k + 1) log alpha)`` is 1 - alpha^(k+1) without the cancellation near alpha = 1."""
+    a = np.asarray(alpha, dtype=np.float64)
+    with np.errstate(divide="ignore"):  # log 0 = -inf: alpha = 0 gives 1 - 0 = 1 token, as it should
+        out = -np.expm1((k + 1) * np.log(a)) / (1 - a)
+    return float(out) if out.ndim == 0 else out
 
 
 def tokens_per_step(spec: Speculative) -> float:

@@ -53,6 +53,19 @@ class KVBudget:
                 f"{g(self.usable - self.weights - self.activations)} for KV, {self.bytes_per_block / 1024:g} KiB per block")
 
 
+def weights_problem(d: Deployment, gpu_memory_utilization: float) -> str | None:
+    """Why the deployment cannot even load, its weights past the memory vLLM may use; None when they fit."""
+    usable = d.gpu.memory_gib * GIB * gpu_memory_utilization
+    if d.weights_bytes_per_gpu <= usable:
+        return None
+    tp = next((n for n in (2, 4, 8, 16) if d.model.q_heads % (d.tp * n) == 0 and
+               d.weights_bytes_per_gpu / n <= usable), None)
+    fix = f"split them with /tp{d.tp * tp}" if tp else "use a larger GPU"
+    return (f"{d.name}: its weights, {d.weights_bytes_per_gpu / GIB:.1f} GiB per GPU, exceed the "
+            f"{usable / GIB:.1f} GiB of the {d.gpu.name} that vLLM may use (gpu_memory_utilization "
+            f"{gpu_memory_utilization:g}); {fix}" + ("" if d.fp8 or d.gpu.fp8_tflops is None else ", or /fp8"))
+
+
 def kv_budget(d: Deployment, block_size: int, gpu_memory_utilization: float, max_num_batched_tokens: int,
               max_num_seqs: int, activation_reserve_gib: float | None = None) -> KVBudget:
     """The split of one GPU's memory for deployment ``d``; ValueError when nothing is left for the KV cache."""

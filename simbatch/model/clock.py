@@ -18,6 +18,11 @@ instant sees the send.
 
 A nanosecond is far below any step of a real engine (microseconds at the least), so rounding to it
 changes no result that matters; every step lasts at least 1 ns, so time always advances.
+
+**The horizon.** Times are held in 64-bit integers of nanoseconds, which reach 2^63 ns, 292 years. An
+arrival may come at most ``MAX_ARRIVAL_S`` (half of that, 146 years) after t = 0, which leaves the other
+half for serving it; a workload arriving later is refused where it is drawn, naming the setting
+(a rate too low, a trace's epoch milliseconds read as seconds), never left to wrap into negative latencies.
 """
 
 from __future__ import annotations
@@ -28,7 +33,11 @@ import numpy as np
 import simpy
 from simpy.core import URGENT
 
+from simbatch.config.base import MAX_TIME_S
+
 NS_PER_S = 1_000_000_000
+MAX_ARRIVAL_S = MAX_TIME_S
+"""The latest arrival the clock takes, s (about 4.6e9 s, 146 years): half of what int64 nanoseconds hold."""
 
 
 def to_ns(seconds: float) -> int:

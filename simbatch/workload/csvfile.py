@@ -10,8 +10,16 @@ these files are; a quoted field spanning several lines would shift the numbers a
 
 from __future__ import annotations
 
+import bz2
+import contextlib
+import gzip
+import lzma
+import math
 import re
+import zipfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import pandas as pd
@@ -19,6 +27,42 @@ import pandas as pd
 from simbatch.config.loading import Problem, ScenarioError
 
 _HEADER_LINE = 1  # CSV line numbers are 1-based and the header takes the first
+_CHUNK = 1 << 22
+_COMPRESSED = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+MAX_LENGTH_FILE_BYTES = 1 << 30
+"""The largest length file (``dist: empirical``) read, decompressed: a sample of lengths, not a census."""
+
+
+@contextlib.contextmanager
+def open_decompressed(path: Path) -> Iterator[BinaryIO]:
+    """The file's bytes as pandas reads them: decompressed by suffix (.gz, .bz2, .xz; a .zip's one member)."""
+    opener = _COMPRESSED.get(path.suffix.lower())
+    if opener is not None:
+        with opener(path, "rb") as f:
+            yield f
+    elif path.suffix.lower() == ".zip":
+        with zipfile.ZipFile(path) as archive, archive.open(archive.namelist()[0]) as f:
+            yield f
+    else:
+        with open(path, "rb") as f:
+            yield f
+
+
+def text_size(path: Path, cap_bytes: float) -> tuple[float, float]:
+    """(bytes, newlines) of the file's text once decompressed, read a chunk at a time and never past
+    ``cap_bytes`` (then both are infinite): what reading it will cost, whatever its size on disk.
+    A file that cannot be read or decompressed counts as empty; reading it reports why, with its name."""
+    size = lines = 0
+    try:
+        with open_decompressed(path) as f:
+            while chunk := f.read(_CHUNK):
+                size += len(chunk)
+                lines += chunk.count(b"\n")
+                if size > cap_bytes:
+                    return math.inf, math.inf
+    except (OSError, EOFError, ValueError, IndexError, zipfile.BadZipFile, lzma.LZMAError):
+        return 0, 0
+    return size, lines
 
 
 def fail(path: Path, where: str, message: str, line: int | None = None) -> ScenarioError:
@@ -26,11 +70,14 @@ def fail(path: Path, where: str, message: str, line: int | None = None) -> Scena
     return ScenarioError([Problem(source=str(path), path=where, message=message, line=line, col=None)])
 
 
-def read_table(path: Path, where: str) -> pd.DataFrame:
+def read_table(path: Path, where: str, max_bytes: float | None = None) -> pd.DataFrame:
     """The file as a frame of strings, indexed by line number, blank lines dropped.
 
-    ``where`` is the scenario field that named the file, used in every error.
+    ``where`` is the scenario field that named the file, used in every error; ``max_bytes`` refuses a file
+    larger than that once decompressed, before it is parsed.
     """
+    if max_bytes is not None and text_size(path, max_bytes)[0] > max_bytes:
+        raise fail(path, where, f"larger than {max_bytes:,.0f} bytes once decompressed; keep a sample of its rows")
     try:
         # na_filter=False keeps empty fields as "" so they are reported as empty, not as "nan".
         frame = pd.read_csv(path, dtype=str, na_filter=False, skip_blank_lines=False)

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from simbatch.config import RequestClass, Scenario
+from simbatch.config.loading import Problem, ScenarioError
 from simbatch.model import streams
-from simbatch.model.clock import snap_s
+from simbatch.model.clock import MAX_ARRIVAL_S, snap_s
 from simbatch.workload.arrivals import arrival_times
 from simbatch.workload.lengths import paired, sample_lengths
 from simbatch.workload.prefix import OWN_STREAM, apply_prefix
@@ -116,6 +117,11 @@ def generate(scenario: Scenario) -> WorkloadArrays:
     else:
         arrival_s = arrival_times(wl.arrival, streams.rng(seed, streams.ARRIVALS), wl.num_requests,
                                   wl.duration_s)
+        if len(arrival_s) and arrival_s[-1] > MAX_ARRIVAL_S:
+            raise ScenarioError([Problem("workload.arrival.rate", "", f"rate {wl.arrival.rate:g} requests/s puts the "
+                                         f"last arrival at {arrival_s[-1]:.3g} s, past the {MAX_ARRIVAL_S:.2g} s the "
+                                         "simulation clock holds (int64 nanoseconds); raise the rate or send fewer "
+                                         "requests")])
 
     classes = _classes(scenario)
     shares = np.array([c.share for c in classes], dtype=np.float64)

@@ -90,7 +90,7 @@ def _empirical(dist: Empirical, n: int, rng: np.random.Generator, scenario: Scen
     what lets a prompt and an output column of one file be drawn as pairs (see :func:`paired`).
     """
     path: Path = scenario.resolve(dist.path)
-    frame = csvfile.read_table(path, f"{where}.path")
+    frame = csvfile.read_table(path, f"{where}.path", max_bytes=csvfile.MAX_LENGTH_FILE_BYTES)
     raw = csvfile.column(frame, dist.column, path, f"{where}.column")
     observed = csvfile.positive_ints(raw, path, f"{where}.path",
                                      "fix or delete that row, or point column at token counts")

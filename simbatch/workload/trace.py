@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from simbatch.config import Scenario, Trace
+from simbatch.model.clock import MAX_ARRIVAL_S
 from simbatch.workload import csvfile
 
 SAMPLE_TRACE = Path(__file__).resolve().parent.parent / "data" / "sample_trace.csv"
@@ -60,6 +61,30 @@ def _timestamps_s(raw: pd.Series, path: Path) -> np.ndarray:
     return seconds
 
 
+def _check_horizon(stamps: pd.Series, offset_s: np.ndarray, trace: Trace, path: Path) -> None:
+    """Refuse a row whose arrival (offset from the origin, times ``time_scale``) the clock cannot hold
+    (:data:`~simbatch.model.clock.MAX_ARRIVAL_S`), saying which setting brought it there."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        arrival_s = offset_s * trace.time_scale
+        late = ~(arrival_s <= MAX_ARRIVAL_S)
+    if not late.any():
+        return
+    line, value, tail = csvfile.first_bad(stamps, late)
+    at = arrival_s[np.flatnonzero(late)[0]]
+    origin = "" if trace.keep_time_origin else " after the first row's"
+    scaled = "" if trace.time_scale == 1 else f" (times time_scale {trace.time_scale:g})"
+    if (offset_s <= MAX_ARRIVAL_S).all():
+        fix = "lower time_scale"
+    elif trace.keep_time_origin and np.nanmax(offset_s) > 1e11:
+        fix = "epoch milliseconds? set time_scale: 0.001 (or keep_time_origin: false)"
+    else:
+        fix = "fix or delete that row"
+    when = f"{at:.3g} s" if np.isfinite(at) else "no finite time"
+    raise csvfile.fail(path, _WHERE, f"column {stamps.name!r} has {value!r}{tail}: an arrival at {when}{origin}"
+                                     f"{scaled}, past the {MAX_ARRIVAL_S:.2g} s the simulation clock holds (int64 "
+                                     f"nanoseconds); {fix}", line)
+
+
 def load_trace(trace: Trace, scenario: Scenario, num_requests: int | None,
                duration_s: float | None = None) -> Replay:
     """The requests replayed from ``trace.path``.
@@ -98,8 +123,10 @@ def load_trace(trace: Trace, scenario: Scenario, num_requests: int | None,
         raise csvfile.fail(path, _WHERE, f"column {stamps.name!r} has {value!r}, a negative time, which "
                                          f"keep_time_origin cannot keep{tail}; set keep_time_origin to false", line)
 
-    order = np.argsort(time_s, kind="stable")[:num_requests]
+    order = np.argsort(time_s, kind="stable")
     origin = 0.0 if trace.keep_time_origin else time_s[order[0]]
+    _check_horizon(stamps, time_s - origin, trace, path)
+    order = order[:num_requests]
     arrival_s = (time_s[order] - origin) * trace.time_scale
     keep = len(arrival_s) if duration_s is None else np.searchsorted(arrival_s, duration_s, side="left")
     rows = order[:keep]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import typer
 
 from simbatch import __version__
+from simbatch.app.cli.bench_flags import BenchCommand
 from simbatch.app.cli.capacity import capacity
 from simbatch.app.cli.explore import explore
 from simbatch.app.cli.hardware import calibrate, presets
@@ -35,10 +36,12 @@ app = typer.Typer(
     name="simbatch",
     help="Simulate how an LLM inference server batches and schedules requests.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
-for command in (run, compare, validate, schema, capacity, presets, calibrate, placement):
+for command in (run, compare):
+    app.command(cls=BenchCommand)(command)  # vllm bench serve's flags, --goodput's separate pairs included
+for command in (validate, schema, capacity, presets, calibrate, placement):
     app.command()(command)
 register_sweep(app)
 app.command()(view)

@@ -10,16 +10,19 @@ after ``--set`` like any dedicated option, so its errors read as the file's woul
 - ``--max-concurrency N`` -> ``workload.max_concurrency``;
 - ``--percentile-metrics ttft,tpot`` -> ``metrics.percentile_metrics``;
 - ``--metric-percentiles 50,90,99.9`` -> ``metrics.metric_percentiles``;
-- ``--goodput "ttft:500 tpot:50"`` -> ``slo.ttft_ms``, ``slo.tpot_ms`` (and ``e2el``), in ms.
-  vLLM takes the pairs as separate words after one flag; here they are one value, or the flag repeated.
+- ``--goodput ttft:500 tpot:50`` -> ``slo.ttft_ms``, ``slo.tpot_ms`` (and ``e2el``), in ms.
+  As in vLLM, the pairs are separate words after one flag (:class:`BenchCommand` gathers them);
+  one quoted value (``--goodput "ttft:500 tpot:50"``) or the flag repeated do the same.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from typing import Annotated
 
 import typer
+from typer.core import TyperCommand
 
 from simbatch.app.cli.common import BadInput
 
@@ -47,6 +50,42 @@ GoodputOpt = Annotated[list[str] | None, typer.Option(
     "--goodput 'ttft:500 tpot:50' (ttft, tpot, e2el; ms; sets slo.*_ms).", show_default=False)]
 
 
+_PAIR = re.compile(rf"(?:{'|'.join(GOODPUT_METRICS)}):\S*")
+_MS_PER_UNIT = {"us": 1e-3, "µs": 1e-3, "ms": 1.0, "s": 1e3, "sec": 1e3, "min": 6e4, "m": 6e4}
+_WITH_UNIT = re.compile(rf"\s*([-+]?[0-9.]+(?:e[-+]?[0-9]+)?)\s*({'|'.join(_MS_PER_UNIT)})\s*", re.IGNORECASE)
+
+
+def gather_goodput(args: list[str]) -> list[str]:
+    """``--goodput ttft:500 tpot:50`` (vLLM's syntax: one flag, then pair after pair) as one value,
+    ``--goodput "ttft:500 tpot:50"``; the pairs end at the first word that is not one (or at ``--``)."""
+    out: list[str] = []
+    words = iter(args)
+    for word in words:
+        if word == "--":
+            out += [word, *words]
+            break
+        out.append(word)
+        if word == "--goodput" or word.startswith("--goodput="):
+            if word == "--goodput":
+                value = next(words, None)
+                if value is None:
+                    break
+                out.append(value)
+            for following in words:
+                if not _PAIR.fullmatch(following):
+                    out.append(following)
+                    break
+                out[-1] += " " + following
+    return out
+
+
+class BenchCommand(TyperCommand):
+    """A command taking ``vllm bench serve``'s flags as vLLM spells them, ``--goodput``'s pairs included."""
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, gather_goodput(args))
+
+
 def _number(flag: str, text: str, what: str) -> float:
     try:
         value = float(text)
@@ -65,8 +104,25 @@ def goodput_overrides(items: list[str]) -> list[str]:
         if not sep or metric not in GOODPUT_METRICS:
             raise BadInput(f"--goodput {pair}: expected METRIC:MS with METRIC one of {', '.join(GOODPUT_METRICS)}, "
                            "e.g. --goodput 'ttft:500 tpot:50'")
-        out.append(f"slo.{metric}_ms={_number('--goodput', limit, 'a limit in ms')!r}")
+        out.append(f"slo.{metric}_ms={_limit_ms(pair, metric, limit)!r}")
     return out
+
+
+def _limit_ms(pair: str, metric: str, limit: str) -> float:
+    """A goodput limit: a positive number of milliseconds. A unit is refused with the value in ms."""
+    try:
+        value = float(limit)
+    except ValueError:
+        value = math.nan
+    if value > 0 and math.isfinite(value):
+        return value
+    example = 500 if metric == "ttft" else 50 if metric == "tpot" else 2000
+    unit = _WITH_UNIT.fullmatch(limit)
+    if unit and float(unit[1]) > 0:
+        ms = float(unit[1]) * _MS_PER_UNIT[unit[2].lower()]
+        raise BadInput(f"--goodput {pair}: the limit is a number of milliseconds, without a unit; "
+                       f"e.g. --goodput {metric}:{ms:g}")
+    raise BadInput(f"--goodput {pair}: expected a positive number of milliseconds, e.g. --goodput {metric}:{example}")
 
 
 def _list(flag: str, text: str, allowed: tuple[str, ...] | None = None) -> str:
@@ -78,7 +134,12 @@ def _list(flag: str, text: str, allowed: tuple[str, ...] | None = None) -> str:
         if unknown:
             raise BadInput(f"{flag} {text}: {unknown[0]!r} is not one of {', '.join(allowed)}")
         return "[" + ", ".join(items) + "]"
-    return "[" + ", ".join(repr(_number(flag, t, "a percentile")) for t in items) + "]"
+    percentiles = [_number(flag, t, "a percentile") for t in items]
+    if fractions := [t for t, p in zip(items, percentiles, strict=True) if p < 1]:
+        raise BadInput(f"{flag} {text}: percentiles are in percent, as vLLM takes them ({fractions[0]} is "
+                       f"P{fractions[0]}, not P{float(fractions[0]) * 100:g}); e.g. {flag} "
+                       f"{','.join(f'{p * 100:g}' if p < 1 else t for t, p in zip(items, percentiles, strict=True))}")
+    return "[" + ", ".join(repr(p) for p in percentiles) + "]"
 
 
 def bench_overrides(request_rate: str | None = None, burstiness: float | None = None,

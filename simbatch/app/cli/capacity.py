@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from simbatch.app.cli.common import FORCE_OPT, BadInput, reports_bad_input
+from simbatch.app.cli.common import FORCE_OPT, JSON_OPT, BadInput, emit_json, reports_bad_input
 
 if TYPE_CHECKING:
     from simbatch.config import Device
@@ -42,10 +42,30 @@ _FLAGS = ("tau0_ms", "beta_ms", "prefill_ms_per_token", "kv_read_ms_per_1k_token
           "max_num_seqs", "rate", "mean_output_tokens", "mean_prompt_tokens", "mean_context_tokens", "replicas")
 
 
-def _disaggregated(scenario, given: list[str]) -> None:
+def _stability_record(st) -> dict:
+    import dataclasses
+
+    return {**dataclasses.asdict(st), "stable": st.stable, "verdict": st.verdict, "short_verdict": st.short_verdict}
+
+
+def _print(device: Device, seqs: int, replicas: int, context_tokens: float, st, as_json: bool) -> None:
+    """The curve and the check (``st``, or None), as tables or as the one JSON document."""
+    from simbatch.app import report
+    from simbatch.model.cost import roofline_tokens_per_s
+
+    if as_json:
+        emit_json({"curve": report.capacity_curve(device, seqs, context_tokens), "replicas": replicas,
+                   "roofline_tokens_per_s": roofline_tokens_per_s(device, context_tokens),
+                   "stability": None if st is None else _stability_record(st)})
+        return
+    typer.echo(report.capacity_table(device, seqs, replicas, context_tokens))
+    typer.echo(report.stability_block(st) if st is not None else
+               "Give --rate and --mean-output-tokens (or a scenario) for the stability check.")
+
+
+def _disaggregated(scenario, given: list[str], as_json: bool) -> None:
     """A disaggregated scenario: the decode pool's throughput table and the two pools' stability check."""
     from simbatch.analysis.capacity import expected_stability
-    from simbatch.app import report
     from simbatch.config import replica_scenarios
     from simbatch.workload import generate
 
@@ -54,9 +74,8 @@ def _disaggregated(scenario, given: list[str]) -> None:
                        "of alike replicas; edit the pools in the scenario file, or drop the flag")
     st = expected_stability(scenario, generate(scenario))
     decode = replica_scenarios(scenario)[-1]
-    typer.echo(report.capacity_table(decode.device, decode.batching.max_num_seqs,
-                                     scenario.cluster.disaggregated.decode.count, st.mean_context_tokens))
-    typer.echo(report.stability_block(st))
+    _print(decode.device, decode.batching.max_num_seqs, scenario.cluster.disaggregated.decode.count,
+           st.mean_context_tokens, st, as_json)
 
 
 OPTIONAL_SCENARIO_ARG = typer.Argument(None, metavar="[SCENARIO.yaml]", show_default=False,
@@ -82,6 +101,7 @@ def capacity(
         "else mean prompt + (mean output - 1) / 2]."),
     replicas: int = typer.Option(None, help="Identical engines [default: 1]."),
     force: bool = FORCE_OPT,
+    as_json: bool = JSON_OPT,
 ) -> None:
     """Throughput B/τ(B) by batch size, the batch size for 50 % of the roofline, and the stability check.
 
@@ -90,7 +110,6 @@ def capacity(
     concurrency it demands (Little's law) are checked against max_num_seqs × replicas.
     """
     from simbatch.analysis.capacity import expected_stability, stability
-    from simbatch.app import report
     from simbatch.config import Device, guard
     from simbatch.config.loading import load_scenario
     from simbatch.workload import generate
@@ -102,15 +121,16 @@ def capacity(
     _positive("--mean-context-tokens", mean_context_tokens, allow_zero=True)
     base, seqs, n_replicas = Device(), 64, 1
     traffic = {"rate": None, "out": None, "prompt": 0.0}
-    memory, shed, context = math.inf, False, {}
+    memory, shed, context, checked = math.inf, False, {}, None
+    given = [flag for flag, value in locals().items() if flag in _FLAGS and value is not None]
     if scenario_file is not None:
         scenario = load_scenario(scenario_file)
         guard.check_run(scenario, force)
         if scenario.cluster.disaggregated is not None:
-            _disaggregated(scenario, [flag for flag, value in locals().items() if flag in _FLAGS and value is not None])
+            _disaggregated(scenario, given, as_json)
             return
         base, seqs, n_replicas = scenario.device, scenario.batching.max_num_seqs, scenario.cluster.replicas
-        st = expected_stability(scenario, generate(scenario))
+        checked = st = expected_stability(scenario, generate(scenario))  # the scenario's check, as `run` prints it
         traffic = {"rate": st.arrival_rate, "out": st.mean_output_tokens, "prompt": st.mean_prompt_tokens}
         memory, shed = st.memory_batch, st.admission_control
         if mean_output_tokens is None and mean_prompt_tokens is None:  # the scenario's own lengths
@@ -131,9 +151,7 @@ def capacity(
     elif "mean_context_tokens" not in context and mean_out is not None:
         # Request i reads P .. P + O - 1 over its O steps: about E[P] + (E[O] - 1) / 2 on average.
         context["mean_context_tokens"] = mean_prompt + max(mean_out - 1, 0) / 2
-    typer.echo(report.capacity_table(device, seqs, n_replicas, context.get("mean_context_tokens", 0.0)))
-    if rate is None:
-        typer.echo("Give --rate and --mean-output-tokens (or a scenario) for the stability check.")
-        return
-    typer.echo(report.stability_block(stability(device, seqs, rate, mean_out, mean_prompt, replicas=n_replicas,
-                                                memory_batch=memory, admission_control=shed, **context)))
+    st = checked if checked is not None and not given else None if rate is None else \
+        stability(device, seqs, rate, mean_out, mean_prompt, replicas=n_replicas, memory_batch=memory,
+                  admission_control=shed, **context)
+    _print(device, seqs, n_replicas, context.get("mean_context_tokens", 0.0), st, as_json)

@@ -36,6 +36,17 @@ EXIT_TERMINATED = 128 + signal.SIGTERM  # 143
 
 FORCE_OPT = typer.Option(False, "--force",
                          help="Run even when the size estimate is above the limit (see docs/errors.md).")
+JSON_OPT = typer.Option(False, "--json", help="For scripts: print one JSON document on stdout (the result folder "
+                                              "and the numbers) and nothing else there; warnings stay on stderr.")
+
+
+def emit_json(document: object) -> None:
+    """``document`` as the command's one JSON document on stdout: strict JSON (NaN and infinities as null)."""
+    import json
+
+    from simbatch.app.results import json_safe
+
+    typer.echo(json.dumps(json_safe(document), indent=2, allow_nan=False))
 
 
 class BadInput(Exception):

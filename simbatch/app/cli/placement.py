@@ -50,7 +50,7 @@ def placement(scenario_file: Path = SCENARIO_ARG, gpus: int = GPUS_OPT, sets: li
     p = closed_form_best(frame)
     typer.echo(f"Closed form (max over p of min(prefill, decode capacity)): {p} prefill : {gpus - p} decode")
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        frame.to_csv(out / "placement.csv", index=False)
-        save_figure(placement_plot(frame, bool(scenario.slo.limits_s())), out / "placement.png")
+        with results.atomic_folder(out) as target:  # whole or not at all, as a run's folder
+            frame.to_csv(target.tmp / "placement.csv", index=False)
+            save_figure(placement_plot(frame, bool(scenario.slo.limits_s())), target.tmp / "placement.png")
         typer.echo(f"Results written to {printable(out)}")

@@ -17,7 +17,16 @@ from simbatch.app.cli.bench_flags import (
     RequestRateOpt,
     bench_overrides,
 )
-from simbatch.app.cli.common import FORCE_OPT, BadInput, overrides, progress, reports_bad_input, warn
+from simbatch.app.cli.common import (
+    FORCE_OPT,
+    JSON_OPT,
+    BadInput,
+    emit_json,
+    overrides,
+    progress,
+    reports_bad_input,
+    warn,
+)
 from simbatch.app.text import printable
 
 if TYPE_CHECKING:
@@ -85,7 +94,7 @@ def run(scenario_file: Path = SCENARIO_ARG,
         num_prompts: NumPromptsOpt = None, max_concurrency: MaxConcurrencyOpt = None,
         percentile_metrics: PercentileMetricsOpt = None, metric_percentiles: MetricPercentilesOpt = None,
         goodput: GoodputOpt = None, force: bool = FORCE_OPT, trace: bool = TRACE_OPT,
-        trace_max_requests: int = TRACE_MAX_OPT) -> None:
+        trace_max_requests: int = TRACE_MAX_OPT, as_json: bool = JSON_OPT) -> None:
     """Simulate a scenario: stability check, result table, Little's law, and a result folder.
 
     The flags named as in `vllm bench serve` (--request-rate, --burstiness, --num-prompts,
@@ -107,7 +116,7 @@ def run(scenario_file: Path = SCENARIO_ARG,
     results.check_target(folder)
     workload = generate(scenario)
     warn(scenario, workload)
-    say = (lambda text: None) if quiet else typer.echo
+    say = (lambda text: None) if quiet or as_json else typer.echo
     if block := preset_block(scenario):
         say(block)
     say(report.stability_block(expected_stability(scenario, workload)))
@@ -123,6 +132,9 @@ def run(scenario_file: Path = SCENARIO_ARG,
     folder = results.write_run(folder, result, unique=out is None, with_plots=not no_plots, trace=tracer)
     if tracer is not None and tracer.notice:
         say(tracer.notice)
+    if as_json:
+        emit_json({"folder": str(folder), "summary": results.summary_record(result)})
+        return
     typer.echo(f"Results written to {printable(folder)}" if not quiet else printable(folder))
 
 
@@ -162,20 +174,19 @@ def compare(sources: list[Path] = SOURCES_ARG,
             burstiness: BurstinessOpt = None, num_prompts: NumPromptsOpt = None,
             max_concurrency: MaxConcurrencyOpt = None, percentile_metrics: PercentileMetricsOpt = None,
             metric_percentiles: MetricPercentilesOpt = None, goodput: GoodputOpt = None,
-            force: bool = FORCE_OPT) -> None:
+            force: bool = FORCE_OPT, as_json: bool = JSON_OPT) -> None:
     """Side by side: one scenario's variants on the very same requests, or existing runs.
 
     simbatch compare scenarios/heavy_tail.yaml --vary scheduler.policy=fcfs,sjf,priority;
     simbatch compare results/a results/b vllm_result.json
     """
-    from simbatch.analysis.capacity import expected_stability
     from simbatch.app import report, results
     from simbatch.app.compare import CompareInputError, shares_workload, variants
     from simbatch.config import guard
     from simbatch.config.loading import load_scenario
     from simbatch.workload import generate
 
-    say = (lambda text: None) if quiet else typer.echo
+    say = (lambda text: None) if quiet or as_json else typer.echo
     bench = bench_overrides(request_rate, burstiness, num_prompts, max_concurrency, percentile_metrics,
                             metric_percentiles, goodput)
     try:
@@ -185,12 +196,13 @@ def compare(sources: list[Path] = SOURCES_ARG,
                      if value]
             if given:
                 raise BadInput(f"{given[0]}: applies to a scenario, and these are existing runs; remove it")
-            _compare_runs(sources, out, no_plots, quiet, say)
+            _compare_runs(sources, out, no_plots, quiet, say, force, as_json)
             return
         axes = list(vary or [])
         if modes is not None or not (axes or variant):
             # --modes is --vary batching.mode=..., and with nothing else to vary, every mode.
-            axes.append("batching.mode=" + ",".join(parse_modes(modes or ",".join(batching_modes()))))
+            every = ",".join(batching_modes())
+            axes.append("batching.mode=" + ",".join(parse_modes(every if modes is None else modes)))
         columns = variants(axes, variant or [])
     except CompareInputError as exc:
         raise BadInput(str(exc)) from None
@@ -206,17 +218,22 @@ def compare(sources: list[Path] = SOURCES_ARG,
     shared = generate(first) if shares_workload(list(columns.values())) else None
     workload = shared if shared is not None else generate(first)
     warn(first, workload, mode_fixed=False)
-    say(report.stability_block(expected_stability(first, workload)))
     total = len(shared) if shared is not None else first.workload.num_requests or 0
     runs = {label: _simulate(sc, label, total, quiet, shared) for label, sc in scenarios.items()}
-    say(report.compare_table(runs))
+    say(report.compare_table(runs))  # each column with its own stability verdict: they differ
+    for line in report.verdict_lines(runs):
+        say(line)
     for label, r in runs.items():
         say(f"{label}: {report.littles_law_line(r.summary)}")
     folder = results.write_compare(folder, runs, unique=out is None, with_plots=not no_plots)
+    if as_json:
+        emit_json({"folder": str(folder), "columns": {label: results.summary_record(r) for label, r in runs.items()}})
+        return
     typer.echo(f"Results written to {printable(folder)}" if not quiet else printable(folder))
 
 
-def _compare_runs(sources: list[Path], out: Path | None, no_plots: bool, quiet: bool, say) -> None:
+def _compare_runs(sources: list[Path], out: Path | None, no_plots: bool, quiet: bool, say, force: bool,
+                  as_json: bool) -> None:
     """``compare`` of existing runs: result folders and vLLM result files, read, tabled, plotted."""
     from simbatch.app import report, results
     from simbatch.app.compare import load_sources, write_sources
@@ -224,9 +241,14 @@ def _compare_runs(sources: list[Path], out: Path | None, no_plots: bool, quiet: 
     if len(sources) < 2 or any(p.suffix in (".yaml", ".yml") for p in sources):
         raise BadInput(f"compare {' '.join(map(str, sources))}: give one scenario file, or two or more "
                        "result folders and vllm bench serve --save-result JSON files")
-    runs = load_sources(sources)
+    runs = load_sources(sources, force, lambda line: typer.echo(f"warning: {printable(line)}", err=True))
     folder = out or results.default_folder("compare")
     results.check_target(folder)
     say(report.compare_table(runs))
+    for line in report.verdict_lines(runs):
+        say(line)
     folder = write_sources(folder, sources, runs, with_plots=not no_plots, unique=out is None)
+    if as_json:
+        emit_json({"folder": str(folder), "columns": {label: s.summary for label, s in runs.items()}})
+        return
     typer.echo(f"Results written to {printable(folder)}" if not quiet else printable(folder))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -40,8 +41,13 @@ AddressOpt = Annotated[str | None, typer.Option(
     help="Run on this Dask distributed cluster instead of local processes (see docs/distributed.md).")]
 OutOpt = Annotated[Path | None, typer.Option(
     "--out", "-o", metavar="DIR",
-    help="Output folder (default: results/<scenario name>/sweep, or /capacity-<SLOs>-<hash of the arguments>); "
-         "rerunning the same command into it resumes.")]
+    help="Output folder (default: results/<scenario name>/sweep-<time>, or capacity-<time>); rerunning the "
+         "command with --out an earlier folder resumes it, reusing its finished runs.")]
+NoPlotsOpt = Annotated[bool, typer.Option("--no-plots", help="Write the CSV files only, no plots.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="For scripts: print one JSON document on stdout (the folder and "
+                                                      "every row of the table) and nothing else there.")]
+
+_WRITING: list[Path] = []  # the folder the command writes its runs to, once it is known (to say how to resume)
 ForceOpt = Annotated[bool, typer.Option(
     "--force", help="Run even when the size estimate is above the limit (see docs/errors.md).")]
 
@@ -57,6 +63,7 @@ def _reports_bad_input(command: Callable) -> Callable:
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         from simbatch.app.cli.common import BadInput, reports_bad_input
+        from simbatch.app.errors import OutputError
         from simbatch.app.sweep.plan import SweepInputError
         from simbatch.app.sweep.runner import ExecutorError
         from simbatch.app.sweep.store import StoreError
@@ -67,8 +74,20 @@ def _reports_bad_input(command: Callable) -> Callable:
                 return command(*args, **kwargs)
             except (SweepInputError, StoreError, ExecutorError) as exc:
                 raise BadInput(str(exc)) from None
+            except OSError as exc:  # a full disk, a folder made read-only: what is written stays whole
+                where = f"{exc.filename}: " if exc.filename else ""
+                raise OutputError(f"cannot write {where}{exc.strerror or exc}; free some space or choose "
+                                  "another --out, then rerun to resume") from None
 
-        return checked()
+        try:
+            return checked()
+        except typer.Exit as exc:
+            if exc.exit_code in (128 + signal.SIGINT, 128 + signal.SIGTERM) and _WRITING:
+                typer.echo(printable(f"the finished runs are in {_WRITING[0]}: run the command again with --out "
+                                     f"{_WRITING[0]} to resume"), err=True)
+            raise
+        finally:
+            _WRITING.clear()
 
     return wrapper
 
@@ -118,8 +137,9 @@ def sweep(
     workers: WorkersOpt = None,
     scheduler_address: AddressOpt = None,
     out: OutOpt = None,
-    no_plots: Annotated[bool, typer.Option("--no-plots", help="Write summary.csv only, no plots.")] = False,
+    no_plots: NoPlotsOpt = False,
     force: ForceOpt = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Run a scenario over a grid of parameters with replications: summary.csv (means, 95 % CIs) and plots.
 
@@ -132,16 +152,19 @@ def sweep(
 
     _check(replications, workers, scheduler_address)
     plan = Sweep.plan(scenario, param or [], set_ or [], replications, out, force)
+    _WRITING.append(plan.out)
     with _connect(workers, scheduler_address) as executor, _progress(len(plan.points), "points") as advance:
         frame, plots = plan.run(executor, advance, with_plots=not no_plots)
     failed = frame[frame["error"] != ""]
+    if as_json:
+        _emit(plan.out, "points", frame)
+        _report_failures(failed, plan)
+        return
     if plan.store.resumed:
         typer.echo(f"resumed {plan.store.resumed} of {plan.store.requested} points (runs) already in {plan.out}")
     typer.echo(f"{len(frame)} points x {replications} replications on {executor.description}; "
                f"{len(failed)} failed")
-    for _, row in failed.iterrows():
-        point = ", ".join(f"{p.key}={row[p.key]}" for p in plan.params)
-        typer.echo(printable(f"  failed: {point}: {row['error']}"), err=True)
+    _report_failures(failed, plan, exit_now=False)
     _print_table(frame, [p.key for p in plan.params], "mean ± 95 % CI half-width over "
                  f"{replications} replication{'s' * (replications > 1)}")
     for path in [plan.out / "summary.csv", *plots]:
@@ -150,6 +173,22 @@ def sweep(
         typer.echo("no goodput plot: the scenario sets no slo; add one, e.g. --set slo.ttft_ms=500")
     if len(failed):
         raise typer.Exit(1)  # a script must not mistake a partial table for the sweep it asked for
+
+
+def _emit(folder: Path, key: str, frame) -> None:
+    """The one JSON document of ``--json``: the folder, and the table's rows (NaN as null)."""
+    from simbatch.app.cli.common import emit_json
+
+    emit_json({"folder": str(folder), key: frame.to_dict(orient="records")})
+
+
+def _report_failures(failed, plan, exit_now: bool = True) -> None:
+    """A line on stderr per failed point; exit 1 (``exit_now``) when there is one."""
+    for _, row in failed.iterrows():
+        point = ", ".join(f"{p.key}={row[p.key]}" for p in plan.params)
+        typer.echo(printable(f"  failed: {point}: {row['error']}"), err=True)
+    if exit_now and len(failed):
+        raise typer.Exit(1)
 
 
 def _cell(value: object) -> str:
@@ -210,7 +249,9 @@ def capacity_search(
     workers: WorkersOpt = None,
     scheduler_address: AddressOpt = None,
     out: OutOpt = None,
+    no_plots: NoPlotsOpt = False,
     force: ForceOpt = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """The highest arrival rate meeting every SLO, per configuration: bisection below the analytic capacity.
 
@@ -223,13 +264,32 @@ def capacity_search(
 
     _check(replications, workers, scheduler_address)
     plan = CapacitySearch.plan(scenario, param or [], set_ or [], slo or [], replications, tolerance, out, force)
+    _WRITING.append(plan.out)
     with _connect(workers, scheduler_address) as executor, \
             _progress(len(plan.configs), "configurations") as advance:
         frame = plan.run(executor, advance)
+    written = [plan.out / "capacity.csv", plan.out / "probes.csv"]
+    if len(plan.probes) and not no_plots:
+        from simbatch.app.sweep.plots import plot_slo_vs_rate
+
+        written.append(plot_slo_vs_rate(plan.probes, plan.slos, plan.keys, frame, plan.out / "slo_vs_rate.png"))
+    if as_json:
+        _emit(plan.out, "configurations", frame)
+    else:
+        _print_search(frame, plan.slos, written)
+    unanswered = frame[frame["error"] != ""]
+    for error in unanswered["error"]:
+        typer.echo(printable(f"  no answer: {error}"), err=True)
+    if len(unanswered):
+        raise typer.Exit(1)
+
+
+def _print_search(frame, slos, written: list[Path]) -> None:
+    """A search's table on stdout, what its ratio means, and the files it wrote."""
     from rich.console import Console
     from rich.table import Table
 
-    limits = ", ".join(f"{s.key} <= {s.limit_ms:g}" for s in plan.slos)
+    limits = ", ".join(f"{s.key} <= {s.limit_ms:g}" for s in slos)
     table = Table(title=f"highest arrival rate (requests/s) meeting {limits}")
     for column in frame.columns:
         table.add_column(column, justify="left" if frame[column].dtype == object else "right")
@@ -238,19 +298,8 @@ def capacity_search(
     Console(width=max(100, 16 * len(frame.columns))).print(table)
     typer.echo("ratio = max_rate / capacity_requests_per_s: the share of the analytic capacity (the rate at which "
                "the offered load ρ reaches 1) that this configuration can take while meeting every SLO.")
-    from simbatch.app.sweep.plots import plot_slo_vs_rate
-
-    written = [plan.out / "capacity.csv", plan.out / "probes.csv"]
-    if len(plan.probes):
-        written.append(plot_slo_vs_rate(plan.probes, plan.slos, plan.keys, frame,
-                                        plan.out / "slo_vs_rate.png"))
     for path in written:
         typer.echo(f"wrote {path}")
-    unanswered = frame[frame["error"] != ""]
-    for error in unanswered["error"]:
-        typer.echo(printable(f"  no answer: {error}"), err=True)
-    if len(unanswered):
-        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:

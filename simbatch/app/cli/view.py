@@ -3,13 +3,17 @@
 On a desktop the report opens in the default browser (Python's ``webbrowser``). Where there is no
 browser to open (a server reached over SSH: Linux with neither ``DISPLAY`` nor ``WAYLAND_DISPLAY``,
 or ``webbrowser`` finding none), or with ``--no-browser``, the folder is served read-only on
-127.0.0.1 at a free port and the URL printed: forward the port (``ssh -L``) and open it there.
+127.0.0.1 at a free port and the URL printed: forward the port, keeping its number (``ssh -L
+PORT:127.0.0.1:PORT``), and open it there.
 Ctrl-C stops the server at once.
+
+The server answers with the folder's own files and nothing else: a path that leads out of it (``..``,
+a symbolic link to elsewhere) or to a folder is not found (no listings), and a request not addressed
+to localhost is refused (:mod:`simbatch.app.localhost`).
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 from pathlib import Path
@@ -45,16 +49,17 @@ def serve_until_stopped(server: http.server.HTTPServer, what: str, path: str) ->
             typer.echo("stopped")
 
 
+def make_server(folder: Path, port: int = 0) -> http.server.HTTPServer:
+    """The server of ``folder``'s own files on 127.0.0.1 (``port`` 0: a free one)."""
+    # Here, not at the top: `simbatch --help` lists this command without a web server.
+    from simbatch.app.localhost import folder_server
+
+    return folder_server(folder, port)
+
+
 def serve(folder: Path) -> None:
     """Serve ``folder`` on 127.0.0.1 at a free port until Ctrl-C; print the report's URL first."""
-    import http.server  # here, not at the top: `simbatch --help` lists this command without a web server
-
-    class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, format, *args) -> None:  # noqa: A002 - the signature http.server calls
-            """No line per request: the terminal shows the URL and nothing else."""
-
-    handler = functools.partial(_QuietHandler, directory=str(folder))
-    serve_until_stopped(http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler), printable(folder), "report.html")
+    serve_until_stopped(make_server(folder), printable(folder), "report.html")
 
 
 FOLDER_ARG = typer.Argument(..., metavar="RESULT_DIR", show_default=False,

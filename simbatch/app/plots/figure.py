@@ -16,6 +16,8 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from simbatch.app.atomic import atomic_file
+
 # One colour per batching mode across every plot, so a student can follow a mode from plot to plot.
 MODE_COLORS = {"static": "#d62728", "dynamic": "#ff7f0e", "continuous": "#1f77b4"}
 _OTHERS = ("#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
@@ -78,6 +80,7 @@ def finish_axes(ax: Axes, ylabel: str, *, xlabel: str | None = "simulated time (
 
 
 def save_figure(fig: Figure, path: Path) -> Path:
-    """Write ``fig`` as a PNG and return the path."""
-    fig.savefig(path, dpi=110)
+    """Write ``fig`` as a PNG (whole or not at all) and return the path."""
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     return path

@@ -29,8 +29,9 @@ simulated; ``error``, why a configuration has no answer. ``probes.csv`` has a ro
 (the SLO metrics there and whether they were met), drawn as ``slo_vs_rate.png``.
 
 SLOs may name any percentile (``ttft_p95_ms``, ``p99.9_itl_ms``): the runs are told to compute it
-(``metrics.metric_percentiles``). The default output folder is ``results/<name>/capacity-<SLOs>-<hash>``,
-the hash of the other arguments: rerunning the same search resumes it, another search never collides.
+(``metrics.metric_percentiles``). The default output folder is ``results/<name>/capacity-<YYYYmmdd-HHMMSS>``,
+as ``run`` names its own: a new search never collides with another; ``--out`` an earlier one's folder
+resumes it.
 
 **Goodput** at the found rate is ``request_goodput``: completed requests per second whose own
 latencies meet per-request limits. Those are the scenario's ``slo`` section when it sets one;
@@ -42,8 +43,6 @@ every probe is a point with R runs, and a restarted search finds its earlier pro
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import re
 from collections.abc import Callable
@@ -199,16 +198,6 @@ class Search:
                 "probes": self.probes, "error": self.error or self.config.error or ""}
 
 
-def _folder_slug(slos: list[SLO], params: list[str], sets: list[str], replications: int, tolerance: float) -> str:
-    """``p99_ttft_ms-500-<hash>``: the SLOs, readable, and a hash of the rest of the search.
-
-    The same search finds its folder again (and resumes); any other gets a folder of its own
-    instead of colliding with the previous one's manifest.
-    """
-    rest = json.dumps([params, sets, replications, tolerance]).encode()
-    return "_".join(f"{s.key}-{s.limit_ms:g}" for s in slos) + "-" + hashlib.sha256(rest).hexdigest()[:8]
-
-
 def _capacity(config: Point) -> float:
     """Analytic capacity, requests/s, from the configuration's workload at its base seed."""
     scenario = config.scenario
@@ -250,8 +239,8 @@ class CapacitySearch:
                                   "arrivals (workload.arrival)")
         sets = list(sets) + percentile_overrides(slos, valid[0].scenario.metrics if valid else Metrics())
         manifest = {"slo": [[s.key, s.limit_ms] for s in slos], "tolerance": tolerance}
-        default = default_out(configs, "capacity-" + _folder_slug(slos, param_texts, sets, replications, tolerance))
-        store = open_store(Path(out) if out else default, "capacity-search", scenario_path, sets, configs,
+        store = open_store(Path(out) if out else default_out(configs, "capacity"), "capacity-search", scenario_path, sets,
+                           configs,
                            **manifest)
         return cls(scenario_path, sets, slos, configs, replications, tolerance, store, [p.key for p in params])
 

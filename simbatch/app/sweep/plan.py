@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 
 from simbatch import __version__
-from simbatch.app.results import RESULTS_ROOT, file_sha256
+from simbatch.app.results import RESULTS_ROOT, default_folder, file_sha256
 from simbatch.app.sweep.aggregate import summary_frame
 from simbatch.app.sweep.grid import GridError, Param, expand, parse_params
 from simbatch.app.sweep.plots import plot_sweep
@@ -43,6 +43,12 @@ def valid_points(scenario_path: Path, param_texts: list[str], sets: list[str], r
         params = parse_params(param_texts, reserved)
     except GridError as exc:
         raise SweepInputError(str(exc)) from None
+    for param in params:
+        for text in sets:
+            key = text.partition("=")[0].strip()
+            if key == param.key or param.key.startswith(key + ".") or key.startswith(param.key + "."):
+                raise SweepInputError(f"--param {param.key} and --set {text}: both set {key}, and the --param "
+                                      "would silently win at every point; give it once")
     guard.check_sweep(math.prod(len(p.values) for p in params), replications, force)
     if not scenario_path.is_file():
         raise SweepInputError(f"SCENARIO {scenario_path}: file not found; pass the path of a scenario file")
@@ -59,9 +65,10 @@ def valid_points(scenario_path: Path, param_texts: list[str], sets: list[str], r
 
 
 def default_out(points: list[Point], command: str) -> Path:
-    """``results/<scenario name>/<command>``: no timestamp, so running the same command again resumes."""
+    """``results/<scenario name>/<command>-<YYYYmmdd-HHMMSS>``, as ``run`` and ``compare`` name theirs: a
+    new sweep never writes over another's ``summary.csv``; ``--out`` that folder resumes it."""
     name = next(p.scenario.name for p in points if p.scenario is not None)
-    return RESULTS_ROOT / name / command
+    return default_folder(name, prefix=f"{command}-", root=RESULTS_ROOT)
 
 
 def data_sha256(points: list[Point]) -> dict[str, str]:

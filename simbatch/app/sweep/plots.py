@@ -25,6 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from simbatch.app.atomic import atomic_file  # noqa: E402
 from simbatch.app.plots.figure import colors  # noqa: E402
 from simbatch.app.sweep.runner import Point  # noqa: E402
 from simbatch.model.cost import decode_throughput, roofline_tokens_per_s  # noqa: E402
@@ -80,8 +81,11 @@ def _finish(fig, axes, xlabel: str, path: Path, note: str | None = CI_NOTE) -> P
     if note:
         fig.text(0.995, 0.005, note, ha="right", va="bottom", fontsize="small", color="0.35")
     fig.tight_layout(rect=(0, 0.03 if note else 0, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        with atomic_file(path) as tmp:  # a full disk leaves no truncated PNG beside summary.csv
+            fig.savefig(tmp, dpi=110, format="png")
+    finally:
+        plt.close(fig)
     return path
 
 

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from simbatch.app.results import umask
+from simbatch.app.atomic import remove_leftovers
+from simbatch.app.atomic import write_text as write_atomic
 
 MANIFEST = "manifest.json"
 POINTS = "points"
@@ -38,19 +37,6 @@ class StoreError(ValueError):
 def run_key(overrides: list[str], seed: int) -> str:
     """The file name stem of one run: a hash of the overrides (in order) and the seed."""
     return hashlib.sha256(json.dumps([overrides, seed]).encode()).hexdigest()[:20]
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` all at once: a temporary file in the same folder, then a rename."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o666 & ~umask())  # mkstemp's files are private; results are the user's to share
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _differences(old: dict, new: dict) -> list[str]:
@@ -103,6 +89,8 @@ class Store:
         except OSError as exc:
             raise StoreError(f"--out {self.out}: cannot create it ({exc.strerror}); choose another place") \
                 from None
+        for folder in (self.out, self.points):  # what a killed sweep was writing
+            remove_leftovers(folder)
         write_atomic(self.out / MANIFEST, json.dumps(self.manifest, indent=2) + "\n")
 
     def load(self, key: str, overrides: list[str], seed: int) -> dict[str, Any] | None:
