@@ -94,10 +94,9 @@ def result_table(summary: Mapping, percentile_metrics: Sequence[str] = LATENCY_M
               _row("Mean queue time Wq (s):", summary["Wq_s"])]
     if "prefix_cache_hit_rate" in summary:
         lines.insert(len(lines) - 2, _row("Prefix cache hit rate (%):", 100 * summary["prefix_cache_hit_rate"], 1))
-    if "spec_decode_mean_acceptance_length" in summary:
-        lines.insert(len(lines) - 2, _row("Mean acceptance length (tok/step):",
-                                          summary["spec_decode_mean_acceptance_length"], 2))
-        lines.insert(len(lines) - 2, _row("Draft acceptance rate (%):", 100 * summary["spec_decode_acceptance_rate"], 1))
+    if "spec_decode_acceptance_length" in summary:
+        lines.insert(len(lines) - 2, _row("Mean acceptance length (tok/step):", summary["spec_decode_acceptance_length"], 2))
+        lines.insert(len(lines) - 2, _row("Draft acceptance rate (%):", summary["spec_decode_acceptance_rate"], 1))
     if "prefill_busy_fraction" in summary:
         lines += [_title("Disaggregated pools (prefill / decode)")]
         lines += [_row(f"{name}:", " / ".join(fmt(summary[f"{pool}_{key}"]) for pool in ("prefill", "decode")))
@@ -241,7 +240,11 @@ _COMPARE_ROWS = (
     ("Mean queue time Wq (s)", "Wq_s", 2),
     ("Preemptions", "num_preemptions", 0),
     ("Prefix cache hit rate", "prefix_cache_hit_rate", 3),
-    ("Mean acceptance length (tok/step)", "spec_decode_mean_acceptance_length", 2),
+    ("Mean acceptance length (tok/step)", "spec_decode_acceptance_length", 2),
+    ("Draft acceptance rate (%)", "spec_decode_acceptance_rate", 1),
+    ("Drafts (steps with drafts)", "spec_decode_num_drafts", 0),
+    ("Draft tokens", "spec_decode_draft_tokens", 0),
+    ("Accepted draft tokens", "spec_decode_accepted_tokens", 0),
 )
 
 
