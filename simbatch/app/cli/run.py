@@ -227,6 +227,8 @@ def _compare_runs(sources: list[Path], out: Path | None, no_plots: bool, quiet: 
     runs = load_sources(sources)
     folder = out or results.default_folder("compare")
     results.check_target(folder)
+    for note in (n for r in runs.values() for n in r.notes):
+        typer.echo(f"note: {printable(note)}", err=True)
     say(report.compare_table(runs))
     folder = write_sources(folder, sources, runs, with_plots=not no_plots, unique=out is None)
     typer.echo(f"Results written to {printable(folder)}" if not quiet else printable(folder))
