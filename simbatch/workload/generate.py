@@ -22,6 +22,7 @@ from simbatch.model.clock import snap_s
 from simbatch.workload.arrivals import arrival_times
 from simbatch.workload.lengths import paired, sample_lengths
 from simbatch.workload.prefix import OWN_STREAM, apply_prefix
+from simbatch.workload.shapes import PAIRED
 from simbatch.workload.trace import load_trace
 
 
@@ -86,8 +87,11 @@ def _lengths_by_class(scenario: Scenario, classes: list[RequestClass], class_idx
         dist = _length_dist(scenario, cls, field)
         where = f"workload.classes.{i}.{field}" if getattr(cls, field) is not None else f"workload.{field}"
         # Outputs resampled from the prompts' file take the prompts' rows: the prompts' stream draws them.
+        # A paired dataset's rows (shapes.PAIRED) come from a stream of their own, for prompts and outputs alike.
         pairs = field == "output_tokens" and paired(_length_dist(scenario, cls, "prompt_tokens"), dist, scenario)
-        rng = streams.rng(scenario.seed, streams.PROMPT_TOKENS if pairs else stream, i)
+        rows = streams.DATASET_ROWS if getattr(dist, "dist", None) in PAIRED else \
+            streams.PROMPT_TOKENS if pairs else stream
+        rng = streams.rng(scenario.seed, rows, i)
         draws = sample_lengths(dist, n, rng, scenario, where=where)
         out[mine] = draws[mine]
     return out
