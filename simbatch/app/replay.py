@@ -33,7 +33,8 @@ from simbatch.workload import WorkloadArrays, bench_client, generate
 from simbatch.workload.bench_result import BenchResult
 
 SERVER_KEYS = ("batching.max_num_seqs", "batching.max_num_batched_tokens", "kv_cache.num_blocks",
-               "kv_cache.enable_prefix_caching", "cluster.replicas")
+               "kv_cache.enable_prefix_caching", "scheduler.async_scheduling", "frontend.request_latency_ms",
+               "frontend.response_latency_ms", "cluster.replicas")
 """The server settings a result file never records, named in the replay's "assumed" line."""
 
 
@@ -79,7 +80,26 @@ class Replay:
                 f"server (not in the file): {self.assumed}"]
 
 
-def _assumed(data: dict, scenario: Scenario) -> str:
+def _vllm_defaults(result: BenchResult, data: dict) -> tuple[dict, dict[str, str]]:
+    """``data`` with the settings vLLM itself chose for that run where the scenario leaves them out, as
+    ``simbatch calibrate`` reads them (simbatch.hardware.calibrate.outside_of): async scheduling from
+    the file's date, the frontend's fixed latency; and the reason for each."""
+    from simbatch.hardware.calibrate import outside_of
+
+    outside = outside_of(result, None, None, None)
+    extra, why = [], {}
+    batching = _get(data, "batching.mode")
+    if _get(data, "scheduler.async_scheduling") is None and outside.async_scheduling and batching in (None, "continuous"):
+        extra.append(("scheduler.async_scheduling", True))
+        why["scheduler.async_scheduling"] = outside.async_from
+    if _get(data, "frontend.request_latency_ms") is None and _get(data, "frontend.response_latency_ms") is None \
+            and outside.frontend_ms:
+        extra.append(("frontend.request_latency_ms", outside.frontend_ms))
+        why["frontend.request_latency_ms"] = outside.frontend_from
+    return apply_overrides(data, extra), why
+
+
+def _assumed(data: dict, scenario: Scenario, why: dict[str, str]) -> str:
     """The server settings, each with where it came from: given (scenario or --set) or simbatch's default."""
     device = scenario.device
     if device.preset is not None:
@@ -92,10 +112,13 @@ def _assumed(data: dict, scenario: Scenario) -> str:
               "batching.max_num_batched_tokens": scenario.batching.max_num_batched_tokens,
               "kv_cache.num_blocks": scenario.kv_cache.num_blocks,
               "kv_cache.enable_prefix_caching": str(scenario.kv_cache.enable_prefix_caching).lower(),
+              "scheduler.async_scheduling": str(scenario.scheduler.async_scheduling).lower(),
+              "frontend.request_latency_ms": f"{scenario.frontend.request_latency_ms:g}",
+              "frontend.response_latency_ms": f"{scenario.frontend.response_latency_ms:g}",
               "cluster.replicas": scenario.cluster.replicas}
     for key in SERVER_KEYS:
         raw = _get(data, key)
-        how = "given" if raw is not None else "default"
+        how = why.get(key, "given" if raw is not None else "default")
         if key == "kv_cache.num_blocks" and raw in ("auto", None) and scenario.kv_cache._derivation:
             how = "auto"
         parts.append(f"{key} {values[key]} ({how})")
@@ -131,6 +154,8 @@ def plan(result: BenchResult, data: dict, source: str, base_dir: Path | None) ->
         workload["max_concurrency"] = result.max_concurrency
     metrics = {"percentile_metrics": list(result.percentile_metrics or ("ttft", "tpot", "itl", "e2el")),
                "metric_percentiles": list(result.percentiles or (99.0,))}
+    given = data
+    data, why = _vllm_defaults(result, data)
     full = {**data, "workload": workload, "metrics": metrics}
     scenario = scenario_from_dict(full, source, base_dir=base_dir)
     if requests.prompt_tokens is not None:
@@ -142,7 +167,7 @@ def plan(result: BenchResult, data: dict, source: str, base_dir: Path | None) ->
     else:
         drawn = generate(scenario)
         arrays = dataclasses.replace(drawn, arrival_s=snap_s(requests.arrival_s[:len(drawn)]))
-    return Replay(result, scenario, arrays, requests, _assumed(data, scenario))
+    return Replay(result, scenario, arrays, requests, _assumed(given, scenario, why))
 
 
 LATENCIES = (("ttft", "ttft_s"), ("tpot", "tpot_s"), ("e2el", "e2e_s"))
@@ -195,7 +220,16 @@ def simulated_summary(replay: Replay, sim_summary: dict, requests) -> dict:
 
 def notes(replay: Replay, measured: dict) -> list[str]:
     """What a reader of the table must know: chunked streaming, the file's own notes."""
-    out = [str(n) for n in replay.result.notes]
+    r = replay.result
+    out = [str(n) for n in r.notes]
+    duration, completed = r.summary.get("duration"), r.summary.get("completed")
+    redrawn = r.requests is None or r.requests.start_s is None or r.max_concurrency
+    if redrawn and r.request_rate and math.isfinite(r.request_rate) and not r.max_concurrency and duration and completed:
+        sent = completed / duration
+        if abs(sent / r.request_rate - 1) > 0.10:
+            out.append(f"the run completed {completed:,} requests in {duration:,.1f} s ({sent:.3g} req/s at request_rate "
+                       f"{r.request_rate:g}): its own arrival draw, which the redrawn one does not repeat; duration "
+                       "and throughput differ by the draw as much as by the server")
     itl, tpot = measured.get("mean_itl_ms"), measured.get("mean_tpot_ms")
     per_chunk = replay.result.requests.tokens_per_chunk() if replay.result.requests is not None else None
     if itl and tpot and itl > 1.5 * tpot and not replay.result.spec_decode:

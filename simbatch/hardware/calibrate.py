@@ -386,12 +386,34 @@ class Fit:
     notes: list[str] = field(default_factory=list)
     outside: dict[Path, Outside] = field(default_factory=dict)  # each bench file's TTFT settings
 
+    @property
+    def async_scheduling(self) -> bool | None:
+        """The bench files' scheduling, when they agree (None without bench files, or when they differ)."""
+        seen = {o.async_scheduling for o in self.outside.values()}
+        return seen.pop() if len(seen) == 1 else None
+
     def yaml_snippet(self, preset: str | None = None) -> str:
-        """A ``device:`` section with every cost; the preset, when given, stays for ``num_blocks: auto``."""
+        """A ``device:`` section with every cost (the preset, when given, stays for ``num_blocks: auto``);
+        from bench results also the ``frontend:`` latency and the ``scheduler:`` cadence the TTFT equation
+        used. The frontend's time is all given as request latency: TTFT and E2E see only its sum."""
         lines = [f"# simbatch calibrate: {len(self.warnings)} warning(s), see its output"] if self.warnings else []
         lines += ["device:"] + ([f"  preset: {preset}"] if preset else [])
         lines += [f"  {k}: {v:.6g}" for k, v in self.params.items()]
+        if self.outside:
+            lines += ["frontend:", f"  request_latency_ms: {self.frontend_ms:.6g}"]
+        if self.async_scheduling is not None:
+            lines += ["scheduler:", f"  async_scheduling: {str(self.async_scheduling).lower()}"]
         return "\n".join(lines) + "\n"
+
+    def overrides(self, preset: str | None = None) -> list[str]:
+        """The snippet as ``--set`` items (for a replay with the fitted device)."""
+        out = [f"device.preset={preset}"] if preset else []
+        out += [f"device.{k}={v!r}" for k, v in self.params.items()]
+        if self.outside:
+            out.append(f"frontend.request_latency_ms={self.frontend_ms!r}")
+        if self.async_scheduling is not None:
+            out.append(f"scheduler.async_scheduling={str(self.async_scheduling).lower()}")
+        return out
 
 
 def _identifiable(X: np.ndarray, order: list[int]) -> list[int]:

@@ -204,8 +204,7 @@ def _check(files: list[Path], result, preset: str | None, scenario: Path | None,
     from simbatch.app.replay import base_data
     from simbatch.workload import bench_result
 
-    costs = [f"device.{k}={v!r}" for k, v in result.params.items()]
-    data, source, base_dir = base_data(scenario, [*sets, *([f"device.preset={preset}"] if preset else []), *costs])
+    data, source, base_dir = base_data(scenario, [*sets, *result.overrides(preset)])
     for path in (f for f in files if f.suffix.lower() == ".json"):
         typer.echo("")
         plan, _, measured, simulated, notes = run_replay(bench_result.read(path), data, source, base_dir, False,
@@ -214,10 +213,4 @@ def _check(files: list[Path], result, preset: str | None, scenario: Path | None,
             typer.echo(printable(line))
         for note in notes:
             typer.echo(f"note: {printable(note)}")
-        outside = result.outside[path]
-        left = ([f"frontend_ms ({result.frontend_ms:g} ms)"] if result.frontend_ms else []) + \
-            (["the async scheduling step (one step more before a prefill)"] if outside.async_scheduling else [])
-        if left:
-            typer.echo(f"note: the simulated TTFT leaves out {' and '.join(left)}, which the fit's TTFT equation "
-                       "counts and simbatch's engine does not model yet")
         typer.echo(side_by_side(measured, simulated))
