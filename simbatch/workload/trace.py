@@ -40,6 +40,8 @@ SAMPLE_TRACE = Path(__file__).resolve().parent.parent / "data" / "sample_trace.c
 """A small synthetic trace in the Azure format, shipped with the package (see ``simbatch/data``)."""
 
 _WHERE = "workload.trace"
+MAX_HASH_ID = 1 << 30
+"""Block ids at most this (the prefix cache's streams for them: simbatch.memory.prefix_cache.HASHED)."""
 
 
 @dataclass(frozen=True)
@@ -153,9 +155,11 @@ def _hashes(raw: list, frame: pd.DataFrame, prompts: np.ndarray, path: Path, blo
     lengths = np.zeros(len(raw), np.int64)
     flat = []
     for i, (ids, prompt) in enumerate(zip(raw, prompts.tolist(), strict=True)):
-        if not isinstance(ids, list) or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in ids):
-            raise csvfile.fail(path, f"{_WHERE}.hash_ids_column", f"{column!r} is not a list of whole numbers >= 0; "
-                                                                  "fix the row", int(lines[i]))
+        if not isinstance(ids, list) or any(isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < MAX_HASH_ID
+                                            for v in ids):
+            raise csvfile.fail(path, f"{_WHERE}.hash_ids_column", f"{column!r} is not a list of whole numbers from 0 "
+                                                                  f"to {MAX_HASH_ID - 1:,}; fix the row (remap the ids "
+                                                                  "to 0, 1, 2, ... as Mooncake's are)", int(lines[i]))
         need = math.ceil(prompt / block)
         if len(ids) != need:
             raise csvfile.fail(path, f"{_WHERE}.hash_block_tokens",
