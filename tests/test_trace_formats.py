@@ -126,3 +126,30 @@ def test_a_system_prompt_with_a_trace_is_found(tmp_path):
                                                   "prefix": {"shared_tokens": 200}}, **CACHE}))
     cached = r.requests.sort_values("request_id")["num_cached_tokens"].tolist()
     assert cached == [0] + [192] * 5 and r.requests["prompt_tokens"].tolist() == [300 + i for i in range(6)]
+
+
+def test_qwen_bailian_chats_and_16_token_blocks(tmp_path):
+    """The layout of alibaba-edu/qwen-bailian-usagetraces-anon (no real line is readable here: the rows
+    follow its README's schema): seconds, 16-token blocks, a conversation as a tree of chats."""
+    rows = [{"chat_id": 5, "parent_chat_id": -1, "timestamp": 0.5, "input_length": 40, "output_length": 8,
+             "type": "text", "turn": 1, "hash_ids": [1, 2, 3]},
+            {"chat_id": 9, "parent_chat_id": -1, "timestamp": 1.0, "input_length": 20, "output_length": 4,
+             "type": "text", "turn": 1, "hash_ids": [7, 8]},
+            {"chat_id": 6, "parent_chat_id": 5, "timestamp": 2.25, "input_length": 70, "output_length": 9,
+             "type": "text", "turn": 2, "hash_ids": [1, 2, 4, 5, 6]}]
+    (tmp_path / "q.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    w = workload({"path": str(tmp_path / "q.jsonl"), "format": "qwen-bailian"})
+    assert np.array_equal(w.arrival_s, [0, 0.5, 1.75]) and w.hashes.block_tokens == 16
+    assert w.session.tolist() == [0, 1, 0]  # chat 6 continues chat 5's conversation
+    # 16-token blocks: turn 2 shares blocks 0 and 1 (ids 1, 2); block 2 differs (3 against 4).
+    assert expected_hash_hits(w.prompt_tokens, w.hashes, 16).tolist() == [0, 0, 32]
+
+
+def test_vllms_random_prefix_len_is_a_system_prompt():
+    """--dataset-name random --random-prefix-len 100 --random-input-len 200 --random-range-ratio 0.5:
+    100 shared tokens, then 100 to 300 of the request's own."""
+    w = generate(scenario_from_dict({"workload": {
+        "num_requests": 500, "prompt_tokens": {"dist": "random", "len": 200, "range_ratio": 0.5},
+        "output_tokens": {"dist": "random", "len": 10}, "prefix": {"shared_tokens": 100}}}))
+    assert (w.shared_prefix_tokens == 100).all() and w.prompt_tokens.min() == 200 and w.prompt_tokens.max() == 400
+    assert (w.output_tokens == 10).all()
