@@ -24,8 +24,8 @@ prefilled), ``s`` the mean step time a decoding request sees:
   tokens (cached or not); a step carries the new tokens of the prompts that arrived during one step:
   ``P = lam * Enew * s`` and ``A = lam * E[pairs] * s``, a prompt of ``c`` new tokens after ``k``
   cached having ``c (k + c/2)`` attention pairs. So ``s = tau0 + beta B + gamma P + delta K + eps A``.
-- the first token (vllm_facts.md, section 0): a request spends ``F`` outside the GPU (HTTP and
-  tokenisation in the API server, the engine's input queue, detokenisation and streaming back); if
+- the first token (vLLM's engine loop and API server, docs/hardware.md): a request spends ``F``
+  outside the GPU (HTTP and tokenisation in the API server, the engine's input queue, detokenisation and streaming back); if
   the engine is busy (probability ``1 - exp(-N)``, N requests in the system) it waits for the next
   ``schedule()``: the rest of the step in progress, half a step on average, and with async scheduling
   (vLLM's default since late 2025: the scheduler runs a step ahead, so a request arriving in step k is
@@ -75,8 +75,8 @@ BENCH_KEYS = bench_result.MEANS
 DEFAULT_FRONTEND_MS = 3.0
 """F for a real vLLM server when none is given: the API server's tokenizer waits up to 2 ms to batch
 prompts (``AsyncMicrobatchTokenizer``), and the ways in and out (parsing, ZMQ to the engine,
-detokenisation, the SSE event) are of the order of a millisecond together (vllm_facts.md, section 0:
-an estimate, not a measurement; fit it with runs at two prompt lengths, or give it)."""
+detokenisation, the SSE event) are of the order of a millisecond together (an estimate from vLLM's
+source, not a measurement: docs/hardware.md; fit it with runs at two prompt lengths, or give it)."""
 
 ASYNC_DEFAULT_SINCE = datetime(2025, 12, 1)
 """Async scheduling became vLLM's default between 0.12 and 0.14 (PR #27614, late 2025); a file dated
@@ -191,7 +191,7 @@ def outside_of(result: BenchResult, frontend_ms: float | None, async_scheduling:
     elif own:
         f, f_from = 0.0, "simbatch's engine has no time outside its steps"
     else:
-        f, f_from = DEFAULT_FRONTEND_MS, "vLLM's frontend, estimated (vllm_facts.md section 0)"
+        f, f_from = DEFAULT_FRONTEND_MS, "vLLM's frontend, an estimate: docs/hardware.md"
     if async_scheduling is not None:
         a, a_from = async_scheduling, "given"
     elif own:
