@@ -423,3 +423,17 @@ def test_the_stored_fit_errors_are_the_efficiencies_errors():
     # The context term is what the plain model lacks: on decode kernels and steps it is far better.
     decode = errors[("blis_h100_attention_decode_kernels", "attention kernel")]
     assert decode["fit_median"] < 0.1 < decode["plain_median"]
+
+
+def test_bring_your_own_server_quotes_real_output():
+    """docs/bring_your_own_server.md shows calibrate's fit of the H100 sweep and its refusal of one file as
+    the command prints them today (the fit is closed form: cheap to rerun)."""
+    page = (ROOT / "docs" / "bring_your_own_server.md").read_text(encoding="utf-8")
+    files = [FIXTURES / f"nerdalert_llama-3.1-8b_h100_v0.8.3_rate{r}.json" for r in (1, 10, 20, 30)]
+    result = invoke("calibrate", *files)
+    assert result.exit_code == 0, result.stderr
+    table = [line for line in result.stdout.splitlines() if line.startswith(("nerdalert", "tau0_ms", "beta_ms",
+                                                                             "prefill_ms", "relative error"))]
+    assert len(table) == 9 and all(line in page for line in table), "docs/bring_your_own_server.md is stale"
+    one = invoke("calibrate", files[0])
+    assert one.stderr.strip() in page
