@@ -240,7 +240,8 @@ def _rate(path: Path, key: str, value) -> float | None:
         return math.inf
     rate = _number(path, key, value, infinite=True)
     if rate == 0:
-        raise _fail(path, key, value, "a rate of 0 sends nothing", "fix the value")
+        why = "a rate of 0 sends nothing" if key == "request_rate" else "a gamma shape must be above 0"
+        raise _fail(path, key, value, why, "fix the value")
     return float(rate)
 
 
