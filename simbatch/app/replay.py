@@ -116,11 +116,11 @@ def _assumed(data: dict, scenario: Scenario, why: dict[str, str]) -> str:
               "frontend.request_latency_ms": f"{scenario.frontend.request_latency_ms:g}",
               "frontend.response_latency_ms": f"{scenario.frontend.response_latency_ms:g}",
               "cluster.replicas": scenario.cluster.replicas}
+    resolution = scenario.resolution or {}
     for key in SERVER_KEYS:
-        raw = _get(data, key)
-        how = why.get(key, "given" if raw is not None else "default")
-        if key == "kv_cache.num_blocks" and raw in ("auto", None) and scenario.kv_cache._derivation:
-            how = "auto"
+        how = why.get(key, "given" if _get(data, key) is not None else "default")
+        if key in resolution and resolution[key].decided:  # num_blocks: auto, from the preset
+            how = resolution[key].source
         parts.append(f"{key} {values[key]} ({how})")
     return ", ".join(parts)
 
