@@ -130,6 +130,15 @@ def _no_status(folder: Path) -> None:
 
 COMPARE_ARGS = ("compare", "a", "b", "--no-plots")
 
+BENCH = ('{"duration": 100.0, "completed": 100, "total_input_tokens": 10000, "total_output_tokens": 10000, '
+         '"request_throughput": 1.0, "mean_ttft_ms": 40.0, "mean_tpot_ms": 9.0, "request_rate": 1.0}')
+LENS = ', "input_lens": [5, 7, 9], "output_lens": [3, 3, 3], "ttfts": [0.01, 0.02, 0.03]}'
+
+
+def _huge_result(tmp: Path) -> None:
+    with (tmp / "r.json").open("wb") as f:
+        f.truncate(2 * 2**30)  # sparse: nothing written, and nothing may be read
+
 CASES = [
     # The scenario file itself
     Case("scenario file is a device", ("validate", "/dev/zero")),
@@ -208,6 +217,29 @@ CASES = [
          setup=_two_runs_then(_no_status)),
     Case("view a folder without a report", ("view", "."), {"s.yaml": GOOD}),
     # Sweeps
+    Case("Mooncake trace whose hash_ids do not cover the prompt", ("validate", "s.yaml"),
+         {"s.yaml": "workload:\n  trace: {path: t.jsonl, format: mooncake}\n",
+          "t.jsonl": '{"timestamp": 0, "input_length": 1500, "output_length": 5, "hash_ids": [0, 1]}\n'}),
+    Case("a trace's two ways of sharing at once", ("validate", "s.yaml"),
+         {"s.yaml": "workload:\n  trace: {path: t.csv, session_column: conv, prompt_id_column: pid}\n",
+          "t.csv": "TIMESTAMP,ContextTokens,GeneratedTokens,conv,pid\n0,10,5,a,x\n"}),
+    # vllm bench serve --save-result files (calibrate, compare and replay read them alike)
+    Case("result file with NaN", ("calibrate", "r.json"), {"r.json": BENCH.replace("40.0", "NaN")}),
+    Case("result file with a string for a number", ("compare", "r.json", "r.json"),
+         {"r.json": BENCH.replace("40.0", '"40 ms"')}),
+    Case('result file with "completed": true', ("calibrate", "r.json"),
+         {"r.json": BENCH.replace('"completed": 100', '"completed": true')}),
+    Case("result file with a negative latency", ("replay", "r.json"), {"r.json": BENCH.replace("40.0", "-45.5")}),
+    Case("result file with ragged per-request arrays", ("replay", "r.json"),
+         {"r.json": BENCH[:-1] + LENS.replace("[3, 3, 3]", "[3, 3]")}),
+    Case("result file nested 100,000 levels deep", ("calibrate", "r.json"), {"r.json": "[" * 100_000}),
+    Case("result file of 2 GB", ("compare", "r.json", "r.json"), setup=_huge_result),
+    Case("latency-only result file to calibrate", ("calibrate", "r.json"),
+         {"r.json": '{"request_rate": 1.0, "mean_ttft_ms": 40.0, "mean_tpot_ms": 9.0, "mean_itl_ms": 9.0}'}),
+    Case("speculative-decoding result file to calibrate", ("calibrate", "r.json"),
+         {"r.json": BENCH[:-1] + ', "spec_decode_acceptance_rate": 72.0, "spec_decode_acceptance_length": 3.2}'}),
+    Case("two runs of the same prompts, no prefix hit rate", ("calibrate", "a.json", "b.json"),
+         {"a.json": BENCH[:-1] + LENS, "b.json": BENCH[:-1].replace('"request_rate": 1.0', '"request_rate": 2.0') + LENS}),
     Case("truncated point file", SWEEP_ARGS, {"s.yaml": GOOD}, setup=_sweep_then(_truncate)),
     Case("foreign point file", SWEEP_ARGS, {"s.yaml": GOOD}, setup=_sweep_then(_foreign)),
     Case("trace changed since the sweep began", SWEEP_ARGS,

@@ -77,7 +77,8 @@ def test_compare_existing_runs_and_a_vllm_result(tmp_path):
         assert result.exit_code == 0, result.stderr
     measured = {"duration": 12.5, "completed": 25, "total_input_tokens": 800, "total_output_tokens": 12500,
                 "request_throughput": 2.0, "output_throughput": 1000.0, "total_token_throughput": 1064.0,
-                "mean_ttft_ms": 55.5, "p99_ttft_ms": 80.0, "ttfts": [0.05] * 25, "backend": "vllm"}
+                "mean_ttft_ms": 55.5, "p99_ttft_ms": 80.0, "ttfts": [0.05] * 25, "input_lens": [32] * 25,
+                "output_lens": [500] * 25, "backend": "vllm"}
     (tmp_path / "bench.json").write_text(json.dumps(measured))
     out = tmp_path / "side"
     result = invoke("compare", tmp_path / "a", tmp_path / "b", tmp_path / "bench.json", "--out", out)

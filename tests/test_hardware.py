@@ -242,17 +242,22 @@ def test_bench_results_calibrate_within_tolerance(tmp_path):
 
 
 def test_one_bench_file_cannot_separate_three_costs(tmp_path):
+    """Two equations for three costs: the fit holds one, and says so as a warning (exit 1), never as a
+    confident answer; what data would separate them is in the warning."""
     sc = scenario(device={"tau0_ms": 8.0, "beta_ms": 0.08, "prefill_ms_per_token": 0.03},
                   workload={"num_requests": 200, "arrival": {"rate": 5}, "prompt_tokens": {"dist": "fixed", "value": 500},
                             "output_tokens": {"dist": "fixed", "value": 100}})
     (tmp_path / "one.json").write_text(json.dumps(simulate(sc).summary, default=float))
     fit = calibrate([tmp_path / "one.json"])
     assert len(fit.fitted) == 2 and "cannot be told apart" in " ".join(fit.held.values())
+    assert "2 points for 3 unknowns" in fit.warnings[0] and "a rate sweep" in fit.warnings[0]
     # With a preset, the costs not fitted are held at its values, and the snippet says which preset.
     result = invoke("calibrate", tmp_path / "one.json", "--preset", "llama-3.1-8b/H100-SXM",
                     "--out", tmp_path / "device.yaml")
-    assert result.exit_code == 0, result.stderr
-    written = yaml.safe_load((tmp_path / "device.yaml").read_text())["device"]
+    assert result.exit_code == 1 and "warning: 2 points for 3 unknowns" in result.stderr, result.stderr
+    text = (tmp_path / "device.yaml").read_text()
+    assert text.startswith("# simbatch calibrate: 1 warning(s)")
+    written = yaml.safe_load(text)["device"]
     assert written["preset"] == "llama-3.1-8b/H100-SXM"  # kept, for kv_cache.num_blocks: auto
     assert written["kv_read_ms_per_1k_tokens"] == pytest.approx(
         resolve_device(Device(preset="llama-3.1-8b/H100-SXM")).kv_read_ms_per_1k_tokens, rel=1e-5)
@@ -261,12 +266,123 @@ def test_one_bench_file_cannot_separate_three_costs(tmp_path):
 
 @pytest.mark.parametrize(("content", "says"), [
     ("batch_size,step_ms\n1,2\n", "missing column"), ("batch_size,prefill_tokens,context_tokens,step_ms\n1,0,5,-2\n",
-                                                      "row 2"), ('{"completed": 3}', "missing or non-numeric")])
+                                                      "row 2"), ('{"completed": 3}', "calibrate needs request_throughput")])
 def test_bad_calibration_input_is_one_line(tmp_path, content, says):
     path = tmp_path / ("x.json" if content.startswith("{") else "x.csv")
     path.write_text(content)
     result = invoke("calibrate", path)
     assert result.exit_code == 2 and says in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+FIXTURES = ROOT / "tests" / "fixtures" / "vllm_results"
+CHUNKED = FIXTURES / "lambda_llama-3.1-8b-fp8_h100_v0.5.4-or-0.6.0_chunked.json"
+NERDALERT = [FIXTURES / f"nerdalert_llama-3.1-8b_h100_v0.8.3_rate{r}.json" for r in (1, 10, 20)]
+
+
+def test_chunked_streaming_takes_the_step_from_tpot():
+    """~10 tokens per streamed chunk: the mean ITL (50.3 ms) is a chunk's time; the step fitted is
+    within 15 % of the run's TPOT (6.02 ms). One file at rate inf gives one equation for three costs:
+    a warning, never a confident answer."""
+    fit = calibrate([CHUNKED])
+    step = fit.points.fitted_ms[0]
+    assert step == pytest.approx(6.0185, rel=0.15) and fit.params["tau0_ms"] == pytest.approx(6.0185, rel=0.15)
+    assert any("chunked streaming" in n and "the step is taken from TPOT" in n for n in fit.notes)
+    assert any("1 point for 3 unknowns" in w for w in fit.warnings)
+    result = invoke("calibrate", CHUNKED)
+    assert result.exit_code == 1 and "warning: 1 point for 3 unknowns" in result.stderr
+
+
+def test_the_two_point_file_is_refused_with_the_reason():
+    """One run at one rate: its mean step and mean TTFT, two equations, three costs. The fit is flagged
+    (exit 1) and the warning says which cost it cannot have and what runs would give it."""
+    result = invoke("calibrate", NERDALERT[0])
+    assert result.exit_code == 1, result.stderr
+    assert "warning: 2 points for 3 unknowns" in result.stderr and "a rate sweep up to near saturation" in result.stderr
+    assert result.stdout.count("nerdalert_llama-3.1-8b_h100_v0.8.3_rate1.json (rate 1)") == 2  # the file and rate
+
+
+def test_a_real_sweep_calibrates_and_checks_by_replay():
+    """Llama-3.1-8B on an H100 (vLLM 0.8.3) at 1, 10 and 20 req/s: every point within 10 %, no warning;
+    --check replays each file with the fitted device and prints measured beside simulated."""
+    fit = calibrate(NERDALERT)
+    assert not fit.warnings and fit.points.relative_error.abs().max() < 0.10
+    assert fit.params["tau0_ms"] > 0 and fit.params["beta_ms"] > 0 and fit.params["prefill_ms_per_token"] > 0
+    result = invoke("calibrate", *NERDALERT[:2], "--preset", "llama-3.1-8b/H100-SXM", "--check", "--set",
+                    "batching.max_num_seqs=256", "--set", "batching.max_num_batched_tokens=8192")
+    assert result.exit_code in (0, 1), result.stderr
+    assert result.stdout.count("replay of ") == 2 and result.stdout.count("measured     simulated    error") == 2
+    ttft = [line for line in result.stdout.splitlines() if line.startswith("Mean TPOT (ms)")]
+    assert len(ttft) == 2 and all(line.rstrip().endswith("%") for line in ttft)
+
+
+def test_a_prefix_cached_sweep_is_recovered_on_the_tokens_prefilled(tmp_path):
+    """A server with prefix caching on, every prompt behind one 1,000-token system prompt (about 83 % of
+    prompt tokens found cached): fitted on the tokens actually prefilled (the hit rate the file states,
+    or --prefix-hit-rate), the costs come back within 10 %; taking every token as prefilled, the prefill
+    cost comes out several times too low."""
+    truth = {"tau0_ms": 8.0, "beta_ms": 0.08, "prefill_ms_per_token": 0.06}
+    files = []
+    for rate in (2, 5, 10, 20):
+        sc = scenario(seed=3, device=truth, batching={"max_num_seqs": 256, "max_num_batched_tokens": 8192},
+                      kv_cache={"num_blocks": 200_000, "enable_prefix_caching": True},
+                      workload={"num_requests": 600, "arrival": {"rate": rate},
+                                "prompt_tokens": {"dist": "uniform", "low": 100, "high": 300},
+                                "output_tokens": {"dist": "uniform", "low": 50, "high": 250},
+                                "prefix": {"shared_tokens": 1000}})
+        summary = simulate(sc).summary
+        files.append(tmp_path / f"rate{rate}.json")
+        files[-1].write_text(json.dumps({**summary, "request_rate": rate}, default=float))
+        assert summary["prefix_cache_hit_rate"] > 0.8
+    fit = calibrate(files)
+    for key, value in truth.items():
+        assert fit.params[key] == pytest.approx(value, rel=0.10), key
+    # The same files without the hit rate: stated on the command line instead, the same fit.
+    bare = []
+    for f in files:
+        record = {k: v for k, v in json.loads(f.read_text()).items() if not k.startswith("prefix_cache")}
+        bare.append(f.with_name("bare-" + f.name))
+        bare[-1].write_text(json.dumps(record))
+    rates = {f: json.loads(f.read_text())["prefix_cache_hit_rate"] for f in files}
+    stated = calibrate(bare, hit_rates={b: rates[f] for b, f in zip(bare, files, strict=True)})
+    assert stated.params["prefill_ms_per_token"] == pytest.approx(fit.params["prefill_ms_per_token"], rel=1e-6)
+    blind = calibrate(bare)
+    assert blind.params["prefill_ms_per_token"] < 0.4 * truth["prefill_ms_per_token"]
+
+
+def test_files_that_sent_the_same_prompts_need_a_hit_rate():
+    """Two runs of the same 1,000 ShareGPT prompts (identical input_lens) on one server: with prefix caching
+    on, the second found them cached. Refused unless the hit rate is given (0 here: that server ran
+    with prefix caching off, per its repository)."""
+    pair = [FIXTURES / f"dstack_llama-3.1-405b-fp8_8xh100-tp8_v0.6.3_rate{r}.json" for r in (16, 32)]
+    result = invoke("calibrate", *pair)
+    assert result.exit_code == 2 and "sent the same 1000 prompts" in result.stderr and \
+        "--prefix-hit-rate" in result.stderr and result.stderr.count("\n") == 1
+    result = invoke("calibrate", *pair, "--prefix-hit-rate", "0")
+    # Both rates are past saturation (TTFT 2.4 s and 15 s): the fit says it cannot be trusted.
+    assert result.exit_code == 1 and "came out 0, its bound" in result.stderr
+
+
+def test_a_negative_implied_prefill_and_mixed_models_are_warnings(tmp_path):
+    record = {"duration": 100.0, "completed": 100, "total_input_tokens": 10_000, "total_output_tokens": 10_000,
+              "request_throughput": 1.0, "mean_ttft_ms": 12.0, "mean_tpot_ms": 10.0, "mean_itl_ms": 10.0,
+              "request_rate": 1.0, "model_id": "a", "endpoint_type": "openai", "date": "20260101-000000"}
+    (tmp_path / "a.json").write_text(json.dumps(record))
+    (tmp_path / "b.json").write_text(json.dumps({**record, "model_id": "b", "request_rate": 2.0,
+                                                 "request_throughput": 2.0}))
+    fit = calibrate([tmp_path / "a.json", tmp_path / "b.json"])
+    assert any("different models (a, b)" in w for w in fit.warnings)
+    assert any("a negative prefill" in w and "async scheduling" in w for w in fit.warnings)
+    assert any("async scheduling (the file is dated 2026-01, after" in n for n in fit.notes)
+
+
+@pytest.mark.parametrize("path", sorted(FIXTURES.glob("*.json")), ids=lambda p: p.stem)
+def test_calibrate_accepts_every_fixture_or_refuses_in_one_line(path):
+    result = invoke("calibrate", path)
+    assert result.exit_code in (0, 1, 2), result.stderr
+    if result.exit_code == 2:
+        assert result.stderr.count("\n") == 1, result.stderr
+    else:
+        assert "device:" in result.stdout and "Traceback" not in result.stderr
 
 
 def test_calibration_on_the_shared_measurements(tmp_path):
@@ -307,3 +423,17 @@ def test_the_stored_fit_errors_are_the_efficiencies_errors():
     # The context term is what the plain model lacks: on decode kernels and steps it is far better.
     decode = errors[("blis_h100_attention_decode_kernels", "attention kernel")]
     assert decode["fit_median"] < 0.1 < decode["plain_median"]
+
+
+def test_bring_your_own_server_quotes_real_output():
+    """docs/bring_your_own_server.md shows calibrate's fit of the H100 sweep and its refusal of one file as
+    the command prints them today (the fit is closed form: cheap to rerun)."""
+    page = (ROOT / "docs" / "bring_your_own_server.md").read_text(encoding="utf-8")
+    files = [FIXTURES / f"nerdalert_llama-3.1-8b_h100_v0.8.3_rate{r}.json" for r in (1, 10, 20, 30)]
+    result = invoke("calibrate", *files)
+    assert result.exit_code == 0, result.stderr
+    table = [line for line in result.stdout.splitlines() if line.startswith(("nerdalert", "tau0_ms", "beta_ms",
+                                                                             "prefill_ms", "relative error"))]
+    assert len(table) == 9 and all(line in page for line in table), "docs/bring_your_own_server.md is stale"
+    one = invoke("calibrate", files[0])
+    assert one.stderr.strip() in page

@@ -183,22 +183,36 @@ class PlainPool:
         return [*range(self.next_unused, self.num_blocks), *self.queue]
 
 
-@pytest.mark.parametrize(("seed", "num_blocks", "max_prompt", "system_per_stream"),
-                         [(0, 24, 40, False), (1, 24, 40, False), (2, 200, 400, False), (3, 200, 400, False),
-                          (4, 24, 40, True), (5, 200, 400, True)])
+def _tree_hashes(rng, prompt: int, trace_block: int, ids: dict) -> np.ndarray:
+    """Block ids as a trace's: a path through a small tree of contents, one id per node (equal ids, equal
+    prefixes), ``trace_block`` tokens a node."""
+    path, out = (), []
+    for _ in range(-(-prompt // trace_block)):
+        path = (*path, int(rng.integers(2)))
+        out.append(ids.setdefault(path, len(ids)))
+    return np.array(out, dtype=np.int64)
+
+
+@pytest.mark.parametrize(("seed", "num_blocks", "max_prompt", "system_per_stream", "trace_block"),
+                         [(0, 24, 40, False, None), (1, 24, 40, False, None), (2, 200, 400, False, None),
+                          (3, 200, 400, False, None), (4, 24, 40, True, None), (5, 200, 400, True, None),
+                          (6, 24, 40, False, 8), (7, 200, 400, False, 6)])
 def test_the_array_pool_keeps_the_plain_rules_through_thousands_of_turns(seed, num_blocks, max_prompt,
-                                                                        system_per_stream, monkeypatch):
+                                                                        system_per_stream, trace_block, monkeypatch):
     """Requests on a few streams (some behind a system prompt) arrive, find their cached prefix, take
     blocks, publish them and leave, thousands of times over a pool small enough to evict all the
     time and, with no slack, to compact its queue often (and to list its places a few at first, so
     that the list grows): every answer and the whole state match the plain oracle. The system prompt is either each stream's own for good (as the workload makes
     them: a stream's index then points at the system prompt's blocks too, and those hints go stale
-    as its blocks are evicted and computed again), or drawn afresh for every request."""
+    as its blocks are evicted and computed again), or drawn afresh for every request. With a
+    ``trace_block``, requests carry a trace's block ids instead (a tree of prefixes; 6 tokens a trace
+    block: blocks straddle two), and the keys are the ids'."""
     monkeypatch.setattr(CachingBlockPool, "QUEUE_SLACK", 0)
     monkeypatch.setattr(CachingBlockPool, "FIRST_PLACES", 4)
     rng = np.random.default_rng(seed)
     block_size, pool, plain = 4, CachingBlockPool(num_blocks), PlainPool(num_blocks)
     holders: list = []
+    tree: dict = {}
     for n in range(3_000):
         if holders and (len(holders) > 3 or rng.random() < 0.4):
             request = holders.pop(int(rng.integers(len(holders))))
@@ -209,6 +223,9 @@ def test_the_array_pool_keeps_the_plain_rules_through_thousands_of_turns(seed, n
             request.prefix_stream = int(rng.integers(3))
             request.shared_prefix_tokens = (0, 8, 8)[request.prefix_stream] if system_per_stream else \
                 int(rng.choice([0, 8]))
+            if trace_block is not None:
+                request.block_hashes = _tree_hashes(rng, request.prompt_tokens, trace_block, tree)
+                request.hash_block_tokens = trace_block
             hits = pool.lookup(request, block_size).tolist()
             assert hits == plain.lookup(request, block_size)
             new = -(-request.prompt_tokens // block_size) - len(hits)
@@ -235,6 +252,19 @@ def test_block_keys_name_the_system_prompt_the_stream_or_the_request_alone():
     assert [block_key(r, i, 4) for i in range(4)] == [(SYSTEM_PROMPT, 0), (SYSTEM_PROMPT, 1), (-7, 2), (-7, 3)]
     r.prefix_stream = 3  # a conversation
     assert block_key(r, 2, 4) == (3, 2) and block_key(r, 1, 4) == (SYSTEM_PROMPT, 1)
+
+
+def test_block_keys_of_a_traces_block_ids():
+    """A whole block of the prompt is named by the id of the trace block holding its last token and its place
+    among that trace block's blocks; past the prompt's whole blocks, the request's own stream."""
+    from simbatch.memory.prefix_cache import HASHED
+
+    r = req(3, 22, 4)
+    r.block_hashes, r.hash_block_tokens = np.array([40, 41, 42]), 8  # 4-token blocks: two per trace block
+    assert [block_key(r, i, 4) for i in range(7)] == [
+        (HASHED - 40, 0), (HASHED - 40, 1), (HASHED - 41, 0), (HASHED - 41, 1), (HASHED - 42, 0), (-5, 5), (-5, 6)]
+    r.block_hashes, r.hash_block_tokens = np.array([40, 41, 42, 43]), 6  # blocks straddle trace blocks
+    assert [HASHED - block_key(r, i, 4)[0] for i in range(5)] == [40, 41, 41, 42, 43]
 
 
 def test_a_lookup_never_covers_the_last_known_token():

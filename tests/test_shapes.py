@@ -1,4 +1,4 @@
-"""Named length shapes: vLLM's random dataset and the lognormals fitted to public datasets."""
+"""Named length shapes: vLLM's random and ShareGPT datasets and the lognormals fitted to public traces."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from simbatch.config.loading import scenario_from_dict
 from simbatch.workload import generate
-from simbatch.workload.shapes import SHAPES
+from simbatch.workload.shapes import SHAPES, sharegpt_pairs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,3 +60,21 @@ def test_the_fit_script_recovers_a_lognormal(tmp_path):
     assert got["sigma"] == pytest.approx(0.8, abs=0.02)
     assert got["mean"] == pytest.approx(math.exp(6.0 + 0.8**2 / 2), rel=0.02)
     fit.main([str(tmp_path)])  # reads both files without error
+
+
+def test_sharegpt_is_what_vllm_bench_serve_sends():
+    """Real (prompt, output) pairs under vLLM's sampling rule (simbatch/data/README.md): a run draws
+    rows without replacement, both lengths of one row, and a whole pass is the file's own means."""
+    pairs = sharegpt_pairs()
+    assert len(pairs) == 15_822 and pairs[:, 0].min() >= 4 and pairs[:, 1].min() >= 4
+    assert pairs[:, 0].max() <= 1024 and (pairs.sum(axis=1) <= 2048).all()  # vLLM's filter
+    assert pairs[:, 0].mean() == pytest.approx(221.1, abs=0.05) and pairs[:, 1].mean() == pytest.approx(198.9, abs=0.05)
+    prompts, outputs = lengths({"dist": "sharegpt"}, {"dist": "sharegpt"}, n=len(pairs))
+    assert sorted(zip(prompts.tolist(), outputs.tolist(), strict=True)) == sorted(map(tuple, pairs.tolist()))
+    assert np.corrcoef(np.log(prompts), np.log(outputs))[0, 1] == pytest.approx(-0.449, abs=0.01)
+    # 300 prompts, as the H200 sweep sent: within the spread of a 300-row sample of the real means.
+    prompts, outputs = lengths({"dist": "sharegpt"}, {"dist": "sharegpt"}, n=300)
+    assert abs(prompts.mean() - 221.1) < 3 * 13.8 and abs(outputs.mean() - 198.9) < 3 * 11.9
+    # Alone, a part is that column's marginal; a run longer than the file takes a fresh pass.
+    alone, _ = lengths({"dist": "sharegpt"}, {"dist": "fixed", "value": 5}, n=2 * len(pairs) + 7)
+    assert np.array_equal(np.bincount(alone[:len(pairs)]), np.bincount(pairs[:, 0]))

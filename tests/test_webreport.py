@@ -85,7 +85,7 @@ def test_every_result_folder_gets_a_self_contained_report(tmp_path, monkeypatch)
     vllm = tmp_path / "vllm.json"
     vllm.write_text(json.dumps({"duration": 10.0, "completed": 3, "total_input_tokens": 30, "total_output_tokens": 60,
                                 "request_throughput": 0.3, "output_throughput": 6.0, "total_token_throughput": 9.0,
-                                "ttfts": [0.05, 0.07, 0.2]}))
+                                "ttfts": [0.05, 0.07, 0.2], "input_lens": [10, 10, 10], "output_lens": [20, 20, 20]}))
     out = tmp_path / "cr"
     result = invoke("compare", runs[0], runs[1] / "static", vllm, "--out", out, "-q")
     assert result.exit_code == 0, result.stderr

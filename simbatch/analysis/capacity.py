@@ -21,7 +21,7 @@ from simbatch.config.resolve import resolve
 from simbatch.features import speculative
 from simbatch.model.cost import LinearCost, work_s
 from simbatch.workload import WorkloadArrays
-from simbatch.workload.prefix import expected_cached_tokens
+from simbatch.workload.prefix import expected_cached_tokens, expected_hash_hits
 
 
 def mean_blocks_held(prompt_tokens: np.ndarray, output_tokens: np.ndarray, block_size: int) -> float:
@@ -456,7 +456,8 @@ def expected_stability(scenario: Scenario, workload: WorkloadArrays) -> Stabilit
     (:func:`mean_context_tokens`) and its prefills cost by the mean square prompt. Closed-loop users have
     no arrival rate; the rate checked is the one they would send at the latency of a full batch W_B:
     concurrency / (W_B + think time). With prefix caching on every replica, the prefill charged is
-    what a cache that never evicts would leave (:func:`~simbatch.workload.prefix.expected_cached_tokens`):
+    what a cache that never evicts would leave (:func:`~simbatch.workload.prefix.expected_cached_tokens`, or
+    for a trace's block ids :func:`~simbatch.workload.prefix.expected_hash_hits`):
     the check then says whether the traffic is carried when conversations stay cached. A scenario not
     resolved yet is resolved first (presets, ``num_blocks: auto``), as :func:`simbatch.simulation.simulate` does.
     """
@@ -486,9 +487,11 @@ def expected_stability(scenario: Scenario, workload: WorkloadArrays) -> Stabilit
     prefill_tokens = workload.prompt_tokens
     specs = replica_scenarios(scenario)
     if all(s.kv_cache.enable_prefix_caching for s in specs):  # only the prefill the cache leaves is work
-        prefill_tokens = prefill_tokens - expected_cached_tokens(
-            workload.prompt_tokens, workload.output_tokens, workload.prefix_stream, workload.shared_prefix_tokens,
-            specs[0].kv_cache.block_size)
+        block = specs[0].kv_cache.block_size
+        prefill_tokens = prefill_tokens - (
+            expected_hash_hits(workload.prompt_tokens, workload.hashes, block) if workload.hashes is not None else
+            expected_cached_tokens(workload.prompt_tokens, workload.output_tokens, workload.prefix_stream,
+                                   workload.shared_prefix_tokens, block))
     means = (float(workload.output_tokens.mean()) if len(workload) else 0.0,
              float(prefill_tokens.mean()) if len(workload) else 0.0)
     # A prefill of c tokens after h cached ones attends c (h + c/2) pairs: (P^2 - h^2) / 2 in all.

@@ -88,12 +88,13 @@ Queueing quantities, over admitted requests (arrived and not rejected):
   queries, with prefix caching: the prompt tokens of every request admitted at least once, and
   those of them found cached at its first admission (vLLM's ``vllm:prefix_cache_queries`` and
   ``vllm:prefix_cache_hits``, which also count the lookups of re-admissions after a preemption).
-- ``spec_decode_num_drafts``, ``spec_decode_num_draft_tokens``, ``spec_decode_num_accepted_tokens``,
-  with speculative decoding: over every request, the steps that verified drafts, the drafts verified
-  and those accepted (vLLM's ``vllm:spec_decode_num_drafts``, ``..._num_draft_tokens``,
-  ``..._num_accepted_tokens``); ``spec_decode_acceptance_rate`` = accepted / draft tokens, and
-  ``spec_decode_mean_acceptance_length`` = 1 + accepted / drafts, the tokens a speculating step
-  emits on average (vLLM's mean acceptance length). The acceptance rate is not the per-token alpha:
+- ``spec_decode_num_drafts``, ``spec_decode_draft_tokens``, ``spec_decode_accepted_tokens``, with
+  speculative decoding: over every request, the steps that verified drafts, the drafts verified and
+  those accepted (the differences of vLLM's counters ``vllm:spec_decode_num_drafts``,
+  ``..._num_draft_tokens``, ``..._num_accepted_tokens`` over the run, as ``vllm bench serve`` writes
+  them); ``spec_decode_acceptance_rate`` = 100 accepted / draft tokens, in percent as vLLM writes it,
+  and ``spec_decode_acceptance_length`` = 1 + accepted / drafts, the tokens a speculating step emits
+  on average (vLLM's mean acceptance length). The acceptance rate is not the per-token alpha:
   a draft after a rejected one counts as rejected, so with k drafts it is
   alpha (1 - alpha^k) / ((1 - alpha) k); a request's last steps propose fewer (simbatch.features.speculative).
 

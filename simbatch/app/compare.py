@@ -11,7 +11,8 @@ the same requests (common random numbers). When no variant touches ``workload`` 
 to every run; otherwise each variant draws its own from the same seeded streams.
 
 **Sources** are result folders (``simbatch run`` or a subfolder of ``compare``) or the JSON file
-``vllm bench serve --save-result`` writes. A folder brings its frames, so it gets overlay plots; a
+``vllm bench serve --save-result`` writes, of any release (read by :mod:`simbatch.workload.bench_result`,
+as ``calibrate`` and ``replay`` read it). A folder brings its frames, so it gets overlay plots; a
 vLLM file brings its summary (same key names) and, when it holds ``ttfts``, its TTFT distribution.
 """
 
@@ -29,9 +30,8 @@ from pydantic import ValidationError
 
 from simbatch.app.text import printable
 from simbatch.config import Scenario
-
-VLLM_KEYS = ("duration", "completed", "total_input_tokens", "total_output_tokens", "request_throughput",
-             "output_throughput", "total_token_throughput")
+from simbatch.workload import bench_result
+from simbatch.workload.bench_result import BenchResult
 
 
 class CompareInputError(ValueError):
@@ -90,15 +90,39 @@ class Source:
     requests: pd.DataFrame | None = None
     iterations: pd.DataFrame | None = None
     scenario: Scenario | None = field(default=None, repr=False)
+    notes: list[str] = field(default_factory=list)  # what a vLLM file lacks, or damage it shows
 
 
-def _vllm_requests(record: dict) -> pd.DataFrame | None:
-    """A requests frame of what a vLLM result holds per request: TTFT only (its ``ttfts``, s)."""
-    ttfts = record.get("ttfts")
-    if not isinstance(ttfts, list) or not ttfts:
+def _vllm_requests(result: BenchResult) -> pd.DataFrame | None:
+    """A requests frame of what a vLLM result holds per request: TTFT only (its ``ttfts``, s), for the
+    requests that streamed a token (vLLM writes 0.0 for the others)."""
+    rq = result.requests
+    if rq is None or rq.ttft_s is None or not len(rq):
         return None
-    ttft = np.array([t if isinstance(t, int | float) else np.nan for t in ttfts], dtype=float)
-    return pd.DataFrame({"ttft_s": ttft, "status": np.where(np.isfinite(ttft) & (ttft > 0), "finished", "failed")})
+    streamed = rq.streamed
+    return pd.DataFrame({"ttft_s": np.where(streamed, rq.ttft_s, np.nan),
+                         "status": np.where(streamed, "finished", "failed")})
+
+
+def _vllm_source(path: Path) -> Source:
+    """A ``vllm bench serve --save-result`` file (simbatch.workload.bench_result), with a note per
+    thing it lacks or damage it shows."""
+    try:
+        result = bench_result.read(path)
+    except bench_result.BenchResultError as exc:
+        raise CompareInputError(str(exc)) from None
+    latencies = [k for k in result.summary if bench_result.METRIC_KEY.fullmatch(k)]
+    if not latencies and result.lacks(bench_result.THROUGHPUT):
+        raise CompareInputError(f"{path}: not a vllm bench serve result, it lacks {', '.join(result.lacks(bench_result.THROUGHPUT))} "
+                                "and every latency statistic (mean_ttft_ms, ...); give a file written with --save-result")
+    notes = [f"{path.name}: {n}" for n in result.notes]
+    if result.latency_only:
+        notes.append(f"{path.name}: latency-only (no {', '.join(result.lacks(bench_result.THROUGHPUT))}), so no "
+                     "throughput rows")
+    if result.renamed:
+        notes.append(f"{path.name}: read with today's names: " +
+                     ", ".join(f"{old} as {new}" for old, new in result.renamed.items()))
+    return Source(_safe(path.stem), dict(result.summary), _vllm_requests(result), notes=notes)
 
 
 MAX_JSON_BYTES = 16_000_000
@@ -205,16 +229,7 @@ def load_source(path: Path, force: bool = False, warn=lambda line: None) -> Sour
         return _load_folder(path, force, warn)
     if not path.is_file():
         raise CompareInputError(f"{path}: no such file or folder; give result folders or vLLM result JSON files")
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CompareInputError(f"{path}: not a JSON file ({exc}); give a vllm bench serve --save-result file") from None
-    missing = [k for k in VLLM_KEYS if not isinstance(record, dict) or k not in record]
-    if missing:
-        raise CompareInputError(f"{path}: not a vllm bench serve result, it lacks {', '.join(missing)}; "
-                                "give a file written with --save-result")
-    summary = {k: v for k, v in record.items() if isinstance(v, int | float) and not isinstance(v, bool)}
-    return Source(_safe(path.stem), summary, _vllm_requests(record))
+    return _vllm_source(path)
 
 
 def load_sources(paths: list[Path], force: bool = False, warn=lambda line: None) -> dict[str, Source]:

@@ -94,10 +94,9 @@ def result_table(summary: Mapping, percentile_metrics: Sequence[str] = LATENCY_M
               _row("Mean queue time Wq (s):", summary["Wq_s"])]
     if "prefix_cache_hit_rate" in summary:
         lines.insert(len(lines) - 2, _row("Prefix cache hit rate (%):", 100 * summary["prefix_cache_hit_rate"], 1))
-    if "spec_decode_mean_acceptance_length" in summary:
-        lines.insert(len(lines) - 2, _row("Mean acceptance length (tok/step):",
-                                          summary["spec_decode_mean_acceptance_length"], 2))
-        lines.insert(len(lines) - 2, _row("Draft acceptance rate (%):", 100 * summary["spec_decode_acceptance_rate"], 1))
+    if "spec_decode_acceptance_length" in summary:
+        lines.insert(len(lines) - 2, _row("Mean acceptance length (tok/step):", summary["spec_decode_acceptance_length"], 2))
+        lines.insert(len(lines) - 2, _row("Draft acceptance rate (%):", summary["spec_decode_acceptance_rate"], 1))
     if "prefill_busy_fraction" in summary:
         lines += [_title("Disaggregated pools (prefill / decode)")]
         lines += [_row(f"{name}:", " / ".join(fmt(summary[f"{pool}_{key}"]) for pool in ("prefill", "decode")))
@@ -261,7 +260,11 @@ _COMPARE_ROWS = (
     ("Mean queue time Wq (s)", "Wq_s", 2),
     ("Preemptions", "num_preemptions", 0),
     ("Prefix cache hit rate", "prefix_cache_hit_rate", 3),
-    ("Mean acceptance length (tok/step)", "spec_decode_mean_acceptance_length", 2),
+    ("Mean acceptance length (tok/step)", "spec_decode_acceptance_length", 2),
+    ("Draft acceptance rate (%)", "spec_decode_acceptance_rate", 1),
+    ("Drafts (steps with drafts)", "spec_decode_num_drafts", 0),
+    ("Draft tokens", "spec_decode_draft_tokens", 0),
+    ("Accepted draft tokens", "spec_decode_accepted_tokens", 0),
 )
 
 
@@ -306,27 +309,66 @@ def verdict_lines(results: Mapping) -> list[str]:
     return out
 
 
-def compare_table(results: Mapping) -> str:
+_STATS = re.compile(r"(median|p(\d+(?:\.\d+)?))_(ttft|tpot|itl|e2el)_ms")
+_METRIC_NAMES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2EL"}
+
+
+def _percentile_rows(summary: Mapping, shown: set) -> list[tuple[str, str, int]]:
+    """A row for each median and percentile statistic ``summary`` has that the fixed rows leave out."""
+    found = [(50.0 if m[1] == "median" else float(m[2]), m) for key in summary
+             if (m := _STATS.fullmatch(key)) and key not in shown]
+    return [(f"{'Median' if m[1] == 'median' else m[1].upper()} {_METRIC_NAMES[m[3]]} (ms)", m[0],
+             1 if m[3] in ("ttft", "e2el") else 2) for _, m in sorted(found, key=lambda f: f[0])]
+
+
+def _error(value, reference) -> str:
+    """(value - reference) / reference, signed, or "" when either is missing or the reference is 0."""
+    if not all(isinstance(v, int | float) and math.isfinite(v) for v in (value, reference)) or reference == 0:
+        return ""
+    return f"{(value - reference) / reference:+.1%}"
+
+
+def compare_table(results: Mapping, against: str | None = None) -> str:
     """One column per run (``results``: label -> anything with ``summary`` and ``iterations``, which may be None).
 
     Each column's stability verdict (its own closed-form check, shortened: :func:`verdict_lines` has it
     whole), the metrics that tell runs apart, then the per-tenant and per-replica ones (replicas only up
     to ``MAX_REPLICA_ROWS``). A row that no column has is left out; a value a column lacks is n/a.
+    ``against``: the label of a measured run; every other column is then followed by its signed
+    error against it, (column - measured) / measured, and the rows include every median and
+    percentile the measured run reports (``simbatch replay``, ``calibrate --check``).
     """
     width = max(14, *(len(m) + 2 for m in results))
     summaries = [r.summary for r in results.values()]
-    lines = [f"{'':<34}" + "".join(f"{mode:>{width}}" for mode in results),
-             "-" * (34 + width * len(results))]
+    labels = [f"{label:>{width}}" + (f"{'error':>9}" if against is not None and label != against else "")
+              for label in results]
+    lines = [f"{'':<34}" + "".join(labels), "-" * (34 + sum(map(len, labels)))]
     checks = [_stability(r) for r in results.values()]
     if any(c is not None for c in checks):
         cells = [c.short_verdict if isinstance(c, Stability) else "n/a" if c is None else str(c.get("short_verdict",
                  "stable" if c.get("stable") else "not stable")) for c in checks]
-        lines.append(f"{'Stability (closed form)':<34}" + "".join(f"{printable(c, width - 1):>{width}}" for c in cells))
-    for label, key, digits in (*_COMPARE_ROWS, *_keyed_rows(summaries)):
+        lines.append(f"{'Stability (closed form)':<34}" + "".join(
+            f"{printable(c, width - 1):>{width}}" + (" " * 9 if against is not None and label != against else "")
+            for c, label in zip(cells, results, strict=True)))
+    rows = [*_COMPARE_ROWS, *_keyed_rows(summaries)]
+    if against is not None:  # each metric's other statistics, in order, around its P99 row
+        for row in _percentile_rows(results[against].summary, {key for _, key, _ in rows}):
+            metric, p = row[1].rsplit("_", 2)[-2], _STATS.fullmatch(row[1])[2]
+            at = next(i for i, r in enumerate(rows) if r[1] == f"p99_{metric}_ms")
+            if p is not None and float(p) > 99:  # after P99 and the higher ones placed already
+                at += 1 + sum(1 for r in rows[at + 1:] if isinstance(r[1], str) and r[1].endswith(f"_{metric}_ms")
+                              and r[1].startswith("p"))
+            rows.insert(at, row)
+    for label, key, digits in rows:
         if isinstance(key, str) and not any(key in s for s in summaries):
             continue
-        values = [key(r) if callable(key) else r.summary.get(key) for r in results.values()]
-        lines.append(f"{label[:33]:<34}" + "".join(f"{_fmt(v, digits):>{width}}" for v in values))
+        values = {name: key(r) if callable(key) else r.summary.get(key) for name, r in results.items()}
+        cells = []
+        for name, v in values.items():
+            cells.append(f"{_fmt(v, digits):>{width}}")
+            if against is not None and name != against:
+                cells.append(f"{_error(v, values[against]):>9}")
+        lines.append(f"{label[:33]:<34}" + "".join(cells))
     return "\n".join(lines)
 
 

@@ -3,7 +3,7 @@
 A length field holds one mapping whose ``dist`` key picks the distribution (pydantic's discriminated
 union :data:`LengthDist`), so an error names the distribution's own fields, not every member of the
 union. Every length is a whole number of tokens, at least 1 and at most ``MAX_TOKENS``. The
-sampling itself is :mod:`simbatch.workload.lengths`; the dataset fits (``dist: sharegpt``, ...) are
+sampling itself is :mod:`simbatch.workload.lengths`; the datasets (``dist: sharegpt``, ...) are
 :mod:`simbatch.workload.shapes`.
 """
 
@@ -113,10 +113,12 @@ class Random(_Model):
 
 
 class DatasetShape(_Model):
-    """``dist: sharegpt``, ``azure-conv`` or ``azure-code``: a lognormal fitted to that dataset's lengths.
+    """``dist: sharegpt``, ``azure-conv`` or ``azure-code``: a dataset's lengths.
 
-    The field decides which: under ``prompt_tokens`` the prompt fit, under ``output_tokens`` the
-    output fit. The parameters (no data) are in :mod:`simbatch.workload.shapes`, with their sources.
+    ``sharegpt``: what ``vllm bench serve --dataset-name sharegpt`` sends, real (prompt, output) pairs
+    resampled (prompts mean 221 tokens, outputs 199); ``azure-*``: lognormals fitted to the Azure 2023
+    traces. The field decides which part: under ``prompt_tokens`` the prompts, under ``output_tokens``
+    the outputs. Sources in :mod:`simbatch.workload.shapes`.
     """
 
     dist: Literal["sharegpt", "azure-conv", "azure-code"]

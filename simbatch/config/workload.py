@@ -62,17 +62,31 @@ class RequestClass(_Model):
 
 
 class Trace(_Model):
-    """Replay a CSV trace: one row per request with an arrival timestamp and token counts."""
+    """Replay a trace: one row (a CSV line, or a JSON line) per request, with its arrival time and token
+    counts, and optionally what its prompt shares with others (simbatch/workload/trace.py).
 
-    path: Path = Field(description="CSV file; relative paths are resolved against the scenario file.")
+    ``format`` names a public trace's layout and sets the column defaults: ``azure`` (the Azure LLM
+    inference traces of 2023 and 2024: ``TIMESTAMP,ContextTokens,GeneratedTokens``), ``burstgpt``
+    (``Timestamp`` in s, ``Request tokens``, ``Response tokens``, ``Session ID`` when the file has it;
+    rows with 0 response tokens, failures, are dropped), ``mooncake`` (JSON lines: ``timestamp`` in ms,
+    ``input_length``, ``output_length``, ``hash_ids`` of 512-token blocks), ``qwen-bailian`` (JSON
+    lines: ``timestamp`` in s, ``hash_ids`` of 16-token blocks, conversations by ``chat_id`` /
+    ``parent_chat_id``). A key given here overrides the format's.
+    """
+
+    path: Path = Field(description="The trace file; relative paths are resolved against the scenario file.")
+    format: Literal["azure", "burstgpt", "mooncake", "qwen-bailian"] = Field(
+        default="azure", description="The trace's layout: azure, burstgpt (CSV), mooncake, qwen-bailian (JSON lines).")
     time_scale: PosFloat = Field(
         default=1.0, description="Multiplies every inter-arrival gap (2.0 halves the rate)."
     )
-    timestamp_column: str = Field(
-        default="TIMESTAMP", description="Arrival time: seconds, or date-times (offsets from the first row)."
-    )
-    prompt_column: str = Field(default="ContextTokens", description="Prompt length column, tokens.")
-    output_column: str = Field(default="GeneratedTokens", description="Output length column, tokens.")
+    timestamp_column: str | None = Field(
+        default=None, description="Arrival time: numbers (in time_unit), or date-times (offsets from the first "
+        "row); the format's when omitted (azure: TIMESTAMP).")
+    time_unit: Literal["s", "ms"] | None = Field(
+        default=None, description="Unit of numeric timestamps; the format's when omitted (mooncake: ms, else s).")
+    prompt_column: str | None = Field(default=None, description="Prompt length column, tokens (azure: ContextTokens).")
+    output_column: str | None = Field(default=None, description="Output length column, tokens (azure: GeneratedTokens).")
     priority_column: str | None = Field(
         default=None, description="Per-request priority (whole numbers, lower is served first); "
         "replaces the priorities classes assign."
@@ -80,10 +94,32 @@ class Trace(_Model):
     tenant_column: str | None = Field(
         default=None, description="Per-request tenant name; replaces classes (leave `classes` out)."
     )
+    session_column: str | None = Field(
+        default=None, description="Conversation id: rows sharing it are one conversation's turns, each prompt "
+        "beginning with the previous turn's prompt and output (so prefix caching finds the history); also the "
+        "session for session_affinity routing. burstgpt: Session ID, when the file has it.")
+    turn_column: str | None = Field(
+        default=None, description="A conversation's turn number, ordering turns whose timestamps tie.")
+    prompt_id_column: str | None = Field(
+        default=None, description="Prompt id: rows sharing it send the same prompt, so a re-sent prompt finds "
+        "the first one's blocks cached.")
+    hash_ids_column: str | None = Field(
+        default=None, description="Per-request list of block ids, one per hash_block_tokens tokens of the prompt "
+        "(Mooncake's hash_ids: equal ids mean the same block after the same prefix); the format's when omitted.")
+    hash_block_tokens: PosInt | None = Field(
+        default=None, description="Tokens per block of hash_ids (mooncake 512, qwen-bailian 16).")
     keep_time_origin: bool = Field(
         default=False, description="false: the first arrival is at t = 0. true: times as the trace gives "
         "them: numbers as seconds from t = 0, date-times as seconds from midnight (UTC) of the first row's day."
     )
+
+    @model_validator(mode="after")
+    def _one_kind_of_sharing(self) -> Trace:
+        given = [k for k in ("session_column", "prompt_id_column", "hash_ids_column") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"{' and '.join(given)}: each says on its own what prompts share (turns of a "
+                             "conversation, a re-sent prompt, block ids); give one")
+        return self
 
 
 class ClosedLoop(_Model):
@@ -102,7 +138,9 @@ class Prefix(_Model):
     """What requests' prompts have in common, for prefix caching (``kv_cache.enable_prefix_caching``).
 
     A shared system prompt: a share of the requests, drawn at random, start with the same
-    ``shared_tokens`` tokens, prepended to the prompt the lengths section draws. Multi-turn sessions:
+    ``shared_tokens`` tokens, prepended to the prompt the lengths section draws (with a trace: the
+    first ``shared_tokens`` of the trace's prompt, whose length the trace gives; vLLM's
+    ``--random-prefix-len`` is ``shared_tokens`` with ``share: 1``). Multi-turn sessions:
     each request of a session continues its conversation, its prompt the conversation so far (every
     earlier turn's prompt and output) followed by the new tokens the lengths section draws; a
     conversation that would pass ``max_context_tokens`` starts over.
@@ -178,9 +216,15 @@ class Workload(_Model):
             if self.num_requests is None:
                 raise ValueError("closed_loop needs num_requests: the users send that many requests in all")
         if self.prefix is not None:
-            if self.trace is not None:
-                raise ValueError("prefix with a trace: the trace gives every prompt, and says nothing of what they "
-                                 "share; remove prefix or the trace")
+            if self.trace is not None and self.prefix.multi_turn:
+                raise ValueError("prefix.multi_turn with a trace: the trace's own rows are the turns; say which "
+                                 "rows are one conversation with trace.session_column, or remove multi_turn")
+            hashed = self.trace is not None and (self.trace.hash_ids_column is not None or (
+                self.trace.format in ("mooncake", "qwen-bailian") and self.trace.session_column is None
+                and self.trace.prompt_id_column is None))
+            if hashed:
+                raise ValueError("prefix with a trace's hash_ids: the block ids already say what every prompt "
+                                 "shares, its system prompt included; remove prefix")
             if self.prefix.multi_turn and self.num_sessions is None:
                 raise ValueError("prefix.multi_turn needs num_sessions: a conversation is a session's requests; "
                                  "set num_sessions")

@@ -238,6 +238,8 @@ class Engine:
         req = replica.scheduler.request_class(i, now_s, prompt, output, tenant, priority)
         if stream != OWN_STREAM or shared:
             req.prefix_stream, req.shared_prefix_tokens = stream, shared
+        if self.workload.hashes is not None:
+            req.block_hashes, req.hash_block_tokens = self.workload.hashes.of(i), self.workload.hashes.block_tokens
         replica.submit(req, now_s)
         for o in self.observers:
             o.arrival(now_s, req)

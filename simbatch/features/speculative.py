@@ -188,13 +188,13 @@ class SpeculativeDecoding(Feature):
 
     @staticmethod
     def summary(requests: pd.DataFrame) -> dict[str, float]:
-        """vLLM's ``spec_decode_*`` keys, over every request: the steps that verified drafts, the drafts
-        verified and those accepted, the acceptance rate (accepted / drafts verified) and the mean
-        acceptance length (1 + accepted / steps)."""
+        """vLLM's ``spec_decode_*`` keys, as ``vllm bench serve`` writes them, over every request: the steps
+        that verified drafts, the drafts verified and those accepted, the acceptance rate in percent
+        (100 accepted / drafts verified) and the acceptance length (1 + accepted / steps)."""
         drafts = int(requests["num_drafts"].sum())
         draft_tokens = int(requests["num_draft_tokens"].sum())
         accepted = int(requests["num_accepted_tokens"].sum())
-        return {"spec_decode_num_drafts": drafts, "spec_decode_num_draft_tokens": draft_tokens,
-                "spec_decode_num_accepted_tokens": accepted,
-                "spec_decode_acceptance_rate": accepted / draft_tokens if draft_tokens else math.nan,
-                "spec_decode_mean_acceptance_length": 1 + accepted / drafts if drafts else math.nan}
+        return {"spec_decode_num_drafts": drafts, "spec_decode_draft_tokens": draft_tokens,
+                "spec_decode_accepted_tokens": accepted,
+                "spec_decode_acceptance_rate": 100 * accepted / draft_tokens if draft_tokens else math.nan,
+                "spec_decode_acceptance_length": 1 + accepted / drafts if drafts else math.nan}

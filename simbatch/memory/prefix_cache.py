@@ -25,15 +25,40 @@ from simbatch.model.request import Request
 SYSTEM_PROMPT = -1
 """The stream of the shared system prompt's blocks, whichever request holds them."""
 
+HASHED = -(1 << 30)
+"""Streams at and below this are a trace's block ids: id h is stream HASHED - h (ids below 2**30,
+request ids too, so that no stream is two things and every key fits 64 bits)."""
+
 
 def block_key(req: Request, index: int, block_size: int) -> tuple[int, int]:
     """The content of block ``index`` of ``req``'s tokens, as (stream, block index).
 
     Two blocks with one key hold the same tokens: the system prompt's blocks (those wholly inside
     it), or one stream's block at one position (simbatch.workload.prefix). A request on a stream of
-    its own gets a stream no other has (-2 - its id).
+    its own gets a stream no other has (-2 - its id). A request with a trace's block ids
+    (``block_hashes``, one per ``hash_block_tokens``) names a whole block of its prompt by the id of
+    the trace block holding its last token, which names that block's content and all before it, and
+    its place among the blocks ending in that trace block (:func:`hashed_key`).
     """
+    if req.block_hashes is not None and index < req.prompt_tokens // block_size:
+        return hashed_key(req, index, block_size)
     return (SYSTEM_PROMPT if index < system_blocks(req, block_size) else own_stream(req)), index
+
+
+def hashed_key(req: Request, index: int, block_size: int) -> tuple[int, int]:
+    """(stream of the trace block holding block ``index``'s last token, position among its blocks)."""
+    t = ((index + 1) * block_size - 1) // req.hash_block_tokens
+    return HASHED - int(req.block_hashes[t]), index - t * req.hash_block_tokens // block_size
+
+
+def _hashed_spans(req: Request, start: int, stop: int, block_size: int):
+    """(stream, first block of its trace block, start, stop) for the hashed blocks in [start, stop)."""
+    T, j = req.hash_block_tokens, start
+    while j < stop:
+        t = ((j + 1) * block_size - 1) // T
+        first, end = t * T // block_size, min((t + 1) * T // block_size, stop)
+        yield HASHED - int(req.block_hashes[t]), first, j, end
+        j = end
 
 
 def system_blocks(req: Request, block_size: int) -> int:
@@ -277,6 +302,8 @@ class CachingBlockPool(BlockPool):
 
         Perhaps a view of the index: good until the pool next changes (copy it to keep it)."""
         limit = (req.prompt_tokens + req.num_generated - 1) // block_size
+        if req.block_hashes is not None:
+            return self._hashed_lookup(req, block_size, limit)
         system = system_blocks(req, block_size)
         index = self._streams.get(own_stream(req))
         if index is not None and index.system == system and limit:
@@ -304,6 +331,20 @@ class CachingBlockPool(BlockPool):
             return np.concatenate((hits, more)) if len(hits) else more
         return hits
 
+    def _hashed_lookup(self, req: Request, block_size: int, limit: int) -> np.ndarray:
+        """A lookup by a trace's block ids: each trace block's run in its own stream, up to the first
+        miss; past the prompt's whole blocks, the request's own (after a preemption)."""
+        full = req.prompt_tokens // block_size
+        runs = []
+        for stream, first, start, stop in _hashed_spans(req, 0, min(limit, full), block_size):
+            run = self._run(stream, start - first, stop - first)
+            runs.append(run)
+            if len(run) < stop - start:
+                return np.concatenate(runs)
+        if limit > full:
+            runs.append(self._run(own_stream(req), full, limit))
+        return np.concatenate(runs) if runs else _NO_BLOCKS
+
     def _run(self, stream: int, start: int, stop: int) -> np.ndarray:
         """The cached blocks of ``stream`` from position ``start`` up to its first miss, short of
         ``stop`` (a view of the index)."""
@@ -325,6 +366,13 @@ class CachingBlockPool(BlockPool):
         if start >= stop:
             return
         req.num_published_blocks = stop
+        if req.block_hashes is not None:
+            full = req.prompt_tokens // block_size
+            for stream, first, a, b in _hashed_spans(req, start, min(stop, full), block_size):
+                self._offer(stream, 0, a - first, b - first, ids[first:b])
+            if stop > full:
+                self._offer(own_stream(req), 0, max(start, full), stop, ids)
+            return
         system = system_blocks(req, block_size)
         if start < system:
             self._offer(SYSTEM_PROMPT, 0, start, min(stop, system), ids)

@@ -56,6 +56,9 @@ class Request:
     # What its prompt shares with others (simbatch.workload.prefix), for prefix caching.
     prefix_stream: int = -1
     shared_prefix_tokens: int = 0
+    # A trace's content ids, one per hash_block_tokens of the prompt (Mooncake's hash_ids); None: none.
+    block_hashes: Any = None
+    hash_block_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at its first admission
     # Disaggregated decode side: its prompt's KV is still on its prefill replica (simbatch.engine.disaggregated).
     remote_kv: bool = False

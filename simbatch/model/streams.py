@@ -19,6 +19,7 @@ SESSIONS = 5
 SHARED_PREFIX = 6
 SPECULATIVE = 7
 DECODE_ROUTING = 8
+DATASET_ROWS = 9  # rows of a paired dataset (workload.shapes.PAIRED): one draw for prompts and outputs
 
 
 def rng(seed: int, stream: int, *sub: int) -> np.random.Generator:

@@ -1,8 +1,9 @@
-"""Reading the CSV files a workload replays, with errors that point at the offending line.
+"""Reading the CSV and JSON-lines files a workload replays, with errors that point at the offending line.
 
 Traces and empirical length columns are data the user brings, so a bad row must be reported as
 ``file:line`` with the value found and what was expected, not as a numpy traceback halfway
-through a run. Everything is read as text first and converted here, so the raw value can be quoted.
+through a run. Everything is read as text first and converted here, so the raw value can be quoted
+(a JSON-lines file's scalar fields too: :func:`read_jsonl`).
 
 Line numbers assume one record per line (the header is line 1), which holds for the numeric CSVs
 these files are; a quoted field spanning several lines would shift the numbers after it.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import bz2
 import contextlib
 import gzip
+import json
 import lzma
 import math
 import re
@@ -99,6 +101,42 @@ def read_table(path: Path, where: str, max_bytes: float | None = None) -> pd.Dat
         raise fail(path, where, "the file has a header but no data rows; add at least one row",
                    _HEADER_LINE)
     return frame
+
+
+def read_jsonl(path: Path, where: str, list_fields: list[str]) -> tuple[pd.DataFrame, dict[str, list]]:
+    """A JSON-lines file (one object per line, as Mooncake's traces) as :func:`read_table` gives a CSV:
+    a frame of the scalar fields as strings indexed by line number (the first line is 1), blank lines
+    skipped; and the values of each of ``list_fields``, one per row."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise fail(path, where, f"not a text file (byte {exc.object[exc.start]:#04x} at offset {exc.start} is not "
+                                "UTF-8); is this the trace file?") from None
+    except OSError as exc:
+        raise fail(path, where, f"cannot read the file: {exc.strerror or exc}") from None
+    rows, lines, lists = [], [], {f: [] for f in list_fields}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise fail(path, where, f"not a JSON object on this line ({getattr(exc, 'msg', 'nested too deep')}); "
+                                    "a JSON-lines trace has one object per line", number) from None
+        if not isinstance(record, dict):
+            raise fail(path, where, f"a JSON {type(record).__name__} on this line, expected an object of fields",
+                       number)
+        for name in list_fields:
+            if name not in record:
+                raise fail(path, where, f"field {name!r} is missing; every line needs it", number)
+            lists[name].append(record[name])
+        rows.append({k: "" if v is None else str(v) for k, v in record.items()
+                     if not isinstance(v, list | dict)})
+        lines.append(number)
+    if not rows:
+        raise fail(path, where, "the file has no JSON lines; expected one object per request")
+    frame = pd.DataFrame(rows, index=pd.Index(lines), dtype=str).fillna("")
+    return frame, lists
 
 
 _COLUMN_NAME = re.compile(r"[\w .()/%#:-]{1,64}")

@@ -22,8 +22,9 @@ from simbatch.model import streams
 from simbatch.model.clock import MAX_ARRIVAL_S, snap_s
 from simbatch.workload.arrivals import arrival_times
 from simbatch.workload.lengths import paired, sample_lengths
-from simbatch.workload.prefix import OWN_STREAM, apply_prefix
-from simbatch.workload.trace import load_trace
+from simbatch.workload.prefix import OWN_STREAM, apply_prefix, trace_prefix
+from simbatch.workload.shapes import PAIRED
+from simbatch.workload.trace import BlockHashes, load_trace
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class WorkloadArrays:
     # What prompts share (simbatch.workload.prefix): None, nothing.
     prefix_stream: np.ndarray | None = None  # int64 conversation ids, or OWN_STREAM
     shared_prefix_tokens: np.ndarray | None = None  # int64 tokens of the shared system prompt, or 0
+    hashes: BlockHashes | None = None  # a trace's content ids per block of each prompt (Mooncake's hash_ids)
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)
@@ -56,7 +58,7 @@ class WorkloadArrays:
             object.__setattr__(self, "shared_prefix_tokens", np.broadcast_to(np.int64(0), (n,)))
         columns = (self.arrival_s, self.prompt_tokens, self.output_tokens, self.tenant, self.priority,
                    self.session, self.prefix_stream, self.shared_prefix_tokens)
-        if len({len(c) for c in columns}) != 1:
+        if len({len(c) for c in columns}) != 1 or self.hashes is not None and len(self.hashes) != n:
             raise ValueError(f"workload columns differ in length: {[len(c) for c in columns]}")
         for c in columns:
             c.flags.writeable = False
@@ -87,8 +89,11 @@ def _lengths_by_class(scenario: Scenario, classes: list[RequestClass], class_idx
         dist = _length_dist(scenario, cls, field)
         where = f"workload.classes.{i}.{field}" if getattr(cls, field) is not None else f"workload.{field}"
         # Outputs resampled from the prompts' file take the prompts' rows: the prompts' stream draws them.
+        # A paired dataset's rows (shapes.PAIRED) come from a stream of their own, for prompts and outputs alike.
         pairs = field == "output_tokens" and paired(_length_dist(scenario, cls, "prompt_tokens"), dist, scenario)
-        rng = streams.rng(scenario.seed, streams.PROMPT_TOKENS if pairs else stream, i)
+        rows = streams.DATASET_ROWS if getattr(dist, "dist", None) in PAIRED else \
+            streams.PROMPT_TOKENS if pairs else stream
+        rng = streams.rng(scenario.seed, rows, i)
         draws = sample_lengths(dist, n, rng, scenario, where=where)
         out[mine] = draws[mine]
     return out
@@ -147,8 +152,20 @@ def generate(scenario: Scenario) -> WorkloadArrays:
     # num_sessions, from their own stream; without num_sessions every request is a session.
     session = None if wl.num_sessions is None else \
         streams.rng(seed, streams.SESSIONS).integers(wl.num_sessions, size=len(arrival_s), dtype=np.int64)
-    prefix_stream = shared_prefix_tokens = None
-    if wl.prefix is not None:
+    prefix_stream = shared_prefix_tokens = hashes = None
+    if replay is not None:
+        # What the trace says its prompts share: a conversation's turns, a re-sent prompt, or block ids.
+        shared_by = replay.session if replay.session is not None else replay.prompt_id
+        if replay.session is not None and session is None:
+            # A row without a conversation is a session of its own, numbered after the conversations.
+            own = replay.session < 0
+            session = replay.session.copy()
+            session[own] = session.max(initial=-1) + 1 + np.arange(int(own.sum()))
+        hashes = replay.hashes
+        if shared_by is not None or wl.prefix is not None:
+            prefix_stream, shared_prefix_tokens = trace_prefix(
+                wl.prefix, prompt_tokens, shared_by, streams.rng(seed, streams.SHARED_PREFIX))
+    elif wl.prefix is not None:
         sessions = session if session is not None else np.arange(len(arrival_s), dtype=np.int64)
         prompt_tokens, prefix_stream, shared_prefix_tokens = apply_prefix(
             wl.prefix, prompt_tokens, output_tokens, sessions, streams.rng(seed, streams.SHARED_PREFIX))
@@ -162,4 +179,5 @@ def generate(scenario: Scenario) -> WorkloadArrays:
         session=session,
         prefix_stream=prefix_stream,
         shared_prefix_tokens=shared_prefix_tokens,
+        hashes=hashes,
     )

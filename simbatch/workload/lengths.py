@@ -29,7 +29,7 @@ from simbatch.config import (
     Zipf,
 )
 from simbatch.workload import csvfile
-from simbatch.workload.shapes import random_lengths, shape_of
+from simbatch.workload.shapes import PAIRED, pair_lengths, random_lengths, shape_of
 
 
 def _fixed(dist: Fixed, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -129,6 +129,7 @@ def sample_lengths(dist: LengthDist, n: int, rng: np.random.Generator, scenario:
     """
     if dist.dist == "empirical":
         return _empirical(dist, n, rng, scenario, where)
-    if dist.dist in DATASET_SHAPES:  # the field it is under says which of the dataset's fits
-        return _lognormal(shape_of(dist, "prompt" if where.endswith("prompt_tokens") else "output"), n, rng)
+    if dist.dist in DATASET_SHAPES:  # the field it is under says which of the dataset's columns or fits
+        part = "prompt" if where.endswith("prompt_tokens") else "output"
+        return pair_lengths(dist, part, n, rng) if dist.dist in PAIRED else _lognormal(shape_of(dist, part), n, rng)
     return _SAMPLERS[dist.dist](dist, n, rng)

@@ -1,4 +1,4 @@
-"""What prompts have in common: a shared system prompt, and conversations that grow turn by turn.
+"""What prompts have in common: a shared system prompt, conversations that grow turn by turn, and block ids.
 
 Prefix caching reuses KV blocks whose *content* an earlier request computed. Tokens are not
 simulated, so content is described by where it comes from: each request reads a *prefix stream*,
@@ -7,6 +7,11 @@ agree on every token both have. A conversation is one stream: turn k's prompt is
 turn's prompt and output, then the new tokens. A request outside any conversation has a stream of
 its own. The shared system prompt is the first ``shared_tokens`` tokens of the streams that start
 with it, whatever the stream (see :func:`simbatch.memory.prefix_cache.block_key`).
+
+A trace says what its prompts share in its own terms (simbatch.workload.trace): its conversations
+and re-sent prompts are streams (:func:`trace_prefix`), and block ids such as Mooncake's
+``hash_ids`` name each block's content directly (:func:`expected_hash_hits` says what a cache that
+never evicts finds from the ids alone).
 """
 
 from __future__ import annotations
@@ -77,3 +82,54 @@ def expected_cached_tokens(prompt_tokens: np.ndarray, output_tokens: np.ndarray,
             last[stream] = p + o
         cached[i] = min(found, (p - 1) // block_size * block_size)
     return cached
+
+
+def trace_prefix(prefix: Prefix | None, prompt_tokens: np.ndarray, shared_by: np.ndarray | None,
+                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """A trace's prefix streams and system-prompt tokens (the trace gives every prompt's length).
+
+    ``shared_by``: per request its conversation or prompt code (-1: shares nothing), which is its
+    stream; None, every request on a stream of its own. With ``prefix``, a share ``prefix.share`` of
+    the streams (each request outside one on its own) start with the ``prefix.shared_tokens``-token
+    system prompt, counted in the trace's prompt (a prompt shorter than it is all system prompt).
+    """
+    n = len(prompt_tokens)
+    stream = np.full(n, OWN_STREAM, dtype=np.int64) if shared_by is None else shared_by.astype(np.int64)
+    if prefix is None or prefix.shared_tokens == 0:
+        return stream, np.zeros(n, dtype=np.int64)
+    draws = rng.random(n)
+    # One draw per stream, at its first request; a request of its own draws for itself.
+    first = np.arange(n)
+    if shared_by is not None:
+        on = stream >= 0
+        _, at = np.unique(stream[on], return_index=True)
+        first_of = np.full(stream.max(initial=-1) + 1, 0)
+        first_of[stream[on][at]] = np.flatnonzero(on)[at]
+        first[on] = first_of[stream[on]]
+    shares = draws[first] < prefix.share
+    return stream, np.where(shares, np.minimum(prefix.shared_tokens, prompt_tokens), 0).astype(np.int64)
+
+
+def expected_hash_hits(prompt_tokens: np.ndarray, hashes, block_size: int) -> np.ndarray:
+    """Prompt tokens each request would find in a prefix cache that never evicts, from its block ids alone.
+
+    Block j of a request (``block_size`` tokens, j counted from 0) holds the tokens up to the end of
+    trace block t = ((j + 1) b - 1) // T (T the trace's block size), so its content is named by
+    (hash_ids[t], j), and an earlier request whose prompt held block j whole with that id computed it.
+    A request finds its blocks from the first up to the first it has not seen, never the block of its
+    last prompt token (whose logits must be computed): what a run finds when no two requests overlap.
+    """
+    seen: set[tuple[int, int]] = set()
+    out = np.zeros(len(prompt_tokens), dtype=np.int64)
+    T = hashes.block_tokens
+    for i, p in enumerate(prompt_tokens.tolist()):
+        ids = hashes.of(i).tolist()
+        keys = [(ids[((j + 1) * block_size - 1) // T], j) for j in range(p // block_size)]
+        found = 0
+        for key in keys[:(p - 1) // block_size]:
+            if key not in seen:
+                break
+            found += 1
+        out[i] = found * block_size
+        seen.update(keys)
+    return out

@@ -1,6 +1,14 @@
-"""Named length shapes: ``vllm bench serve``'s random dataset, and lognormals fitted to public datasets.
+"""Named length shapes: ``vllm bench serve``'s random and ShareGPT datasets, and lognormals fitted to public traces.
 
-Only parameters are shipped here, never the data:
+- ``sharegpt``: what ``vllm bench serve --dataset-name sharegpt`` sends, as (prompt, output) pairs
+  resampled from ``simbatch/data/sharegpt_lengths.csv``: the lengths of 15,822 ShareGPT conversations
+  under vLLM's sampling rule and the Llama 3 tokenizer (its README gives the source and licence).
+  Pairs, because the two are not independent (a third of the prompts are an assistant's long text,
+  answered briefly). Drawn as vLLM draws: without replacement, a shuffled pass over the rows (a new
+  pass when a run needs more); a class whose prompts and outputs are both ``sharegpt`` gets the two
+  lengths of the same rows. Prompts mean 221 tokens, outputs 199.
+
+Only parameters are shipped for these, never the data:
 
 - ``azure-conv``, ``azure-code``: maximum-likelihood lognormal fits (``mean`` = exp(mu + sigma^2/2),
   ``sigma`` = std of log-length, capped at the longest length observed) to the Azure LLM inference
@@ -8,22 +16,21 @@ Only parameters are shipped here, never the data:
   released with Patel et al., "Splitwise", ISCA 2024; CC-BY 4.0). Refit with
   ``scripts/fit_length_shapes.py``. conv: prompts mean 1,155 / median 1,020 tokens, outputs mean 211 /
   median 129; code: prompts mean 2,048 / median 1,469, outputs mean 28 / median 13.
-- ``sharegpt``: the means of the ShareGPT lengths used to evaluate vLLM (Kwon et al., "Efficient
-  Memory Management for Large Language Model Serving with PagedAttention", SOSP 2023, Fig. 11:
-  inputs 161.31, outputs 337.99 tokens on average). The paper gives no spread as a number;
-  ``sigma = 1.0`` is an assumption (a right-skewed shape like the Azure fits'). Prompts and outputs
-  are capped at 1,024 tokens each, so that a pair never exceeds the 2,048 tokens vLLM's ShareGPT
-  sampling keeps (it drops prompts over 1,024 and pairs over 2,048; prompts and outputs are drawn
-  independently here, so the cap is on each).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from pathlib import Path
 
 import numpy as np
 
 from simbatch.config import DatasetShape, LogNormal, Random
+
+SHAREGPT = Path(__file__).resolve().parent.parent / "data" / "sharegpt_lengths.csv"
+PAIRED = ("sharegpt",)
+"""The shapes drawn as (prompt, output) pairs of real rows, not from fits."""
 
 # shape -> {"prompt" | "output": the lognormal}
 SHAPES: dict[str, dict[str, LogNormal]] = {
@@ -31,9 +38,24 @@ SHAPES: dict[str, dict[str, LogNormal]] = {
                    "output": LogNormal(dist="lognormal", mean=218.8, sigma=0.859, max=1000)},
     "azure-code": {"prompt": LogNormal(dist="lognormal", mean=2762.0, sigma=1.36, max=7437),
                    "output": LogNormal(dist="lognormal", mean=23.3, sigma=0.847, max=1899)},
-    "sharegpt": {"prompt": LogNormal(dist="lognormal", mean=161.31, sigma=1.0, max=1024),
-                 "output": LogNormal(dist="lognormal", mean=337.99, sigma=1.0, max=1024)},
 }
+
+
+@functools.cache
+def sharegpt_pairs() -> np.ndarray:
+    """The shipped (prompt, output) rows, int64, shape (15822, 2); read once."""
+    pairs = np.loadtxt(SHAREGPT, delimiter=",", skiprows=1, dtype=np.int64, ndmin=2)
+    pairs.flags.writeable = False
+    return pairs
+
+
+def pair_lengths(dist: DatasetShape, part: str, n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` lengths of ``part`` (``prompt`` or ``output``) of rows drawn without replacement, a shuffled
+    pass over the rows after another: the same ``rng`` state gives the same rows for both parts."""
+    pairs = sharegpt_pairs()
+    rows = np.concatenate([rng.permutation(len(pairs)) for _ in range(-(-n // len(pairs)))])[:n] if n else \
+        np.zeros(0, np.int64)
+    return pairs[rows, 0 if part == "prompt" else 1].copy()
 
 
 def shape_of(dist: DatasetShape, part: str) -> LogNormal:

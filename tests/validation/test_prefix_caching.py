@@ -15,9 +15,17 @@ still computing the prompt would miss it too, which the paired check would show.
 A conversation's turn k quotes every earlier turn; turn k - 1 computed all its tokens but the last
 sampled one (never fed back), so turn k finds floor((P + O - 1) / b) b tokens of it when the turns
 do not overlap: checked request by request, exactly.
+A trace with Mooncake's hash_ids (one id per 512-token block, naming the block and all before it)
+says by itself what a cache that never evicts finds: a request's block j of b tokens is named by the
+id of the 512-token block holding its last token, and is found when an earlier request's prompt
+held it whole, up to its first unseen block and short of the block of its last prompt token
+(simbatch.workload.prefix.expected_hash_hits). The real trace's first 200 requests, one every 30 s
+so that none overlaps another: the run's hit rate is the ids', exactly, request by request.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -88,3 +96,36 @@ def test_each_turn_finds_the_previous_ones(sim, check, mode):
     mismatches = sim.map(_turn_mismatches, specs)
     check.exact("turns whose cached tokens differ from floor((P + O - 1) / b) b of the previous turn",
                 0, sum(mismatches), seeds=seeds)
+
+
+MOONCAKE = Path(__file__).resolve().parents[1] / "fixtures" / "traces" / "mooncake_conversation_head200.jsonl"
+
+
+def _hash_hits(result) -> tuple[float, float, int]:
+    """(simulated token hit rate, the ids' hit rate, requests whose cached tokens differ from the ids')."""
+    from simbatch.workload import generate
+    from simbatch.workload.prefix import expected_hash_hits
+
+    wl = generate(result.scenario)
+    expected = expected_hash_hits(wl.prompt_tokens, wl.hashes, BLOCK)
+    cached = result.requests.sort_values("request_id")["num_cached_tokens"].to_numpy()
+    return (result.summary["prefix_cache_hit_rate"], expected.sum() / wl.prompt_tokens.sum(),
+            int((cached != expected).sum()))
+
+
+@pytest.mark.validation
+def test_a_mooncake_trace_finds_what_its_hash_ids_share(sim, check, tmp_path):
+    """kvcache-ai/Mooncake's conversation trace (FAST'25), its first 200 lines as published but for the
+    timestamps, respaced 30 s apart; 16-token blocks, a cache that never evicts, 1 ms steps."""
+    import json
+
+    lines = [json.loads(line) for line in MOONCAKE.read_text().splitlines()]
+    trace = tmp_path / "mooncake_spaced.jsonl"
+    trace.write_text("".join(json.dumps({**row, "timestamp": 30_000 * i}) + "\n" for i, row in enumerate(lines)))
+    spec = {"workload": {"trace": {"path": str(trace), "format": "mooncake"}},
+            "device": {"tau0_ms": 1.0, "beta_ms": 0.0},
+            "batching": {"max_num_batched_tokens": 16_384, "max_num_seqs": 8},
+            "kv_cache": {"block_size": BLOCK, "num_blocks": 400_000, "enable_prefix_caching": True}}
+    ((measured, expected, wrong),) = sim.map(_hash_hits, [spec])
+    check.exact("token hit rate of 200 Mooncake requests: the run against the hash_ids alone", expected, measured)
+    check.exact("requests whose cached tokens differ from their hash_ids'", 0, wrong)

@@ -10,6 +10,7 @@
     simbatch placement SCENARIO.yaml  the best prefill:decode split of N replicas (disaggregated)
     simbatch presets                  the model and GPU cards behind device.preset
     simbatch calibrate FILE...        device costs fitted to per-step timings or vllm bench serve results
+    simbatch replay RESULT.json       a vllm bench serve run simulated, beside what it measured
     simbatch view RESULT_DIR          open a result folder's report.html (or serve it on localhost)
     simbatch explore SCENARIO.yaml    sliders that re-simulate a scenario, on a localhost page
 
@@ -28,6 +29,7 @@ from simbatch.app.cli.explore import explore
 from simbatch.app.cli.hardware import calibrate, presets
 from simbatch.app.cli.inspect import schema, validate
 from simbatch.app.cli.placement import placement
+from simbatch.app.cli.replay import replay
 from simbatch.app.cli.run import compare, run
 from simbatch.app.cli.sweep import register as register_sweep
 from simbatch.app.cli.view import view
@@ -41,7 +43,7 @@ app = typer.Typer(
 )
 for command in (run, compare):
     app.command(cls=BenchCommand)(command)  # vllm bench serve's flags, --goodput's separate pairs included
-for command in (validate, schema, capacity, presets, calibrate, placement):
+for command in (validate, schema, capacity, presets, calibrate, replay, placement):
     app.command()(command)
 register_sweep(app)
 app.command()(view)

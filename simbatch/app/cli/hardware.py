@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import typer
@@ -76,36 +77,82 @@ def _show(preset: str) -> None:
 
 FILES_ARG = typer.Argument(..., metavar="FILE...", show_default=False,
                            help="Per-step .csv files (batch_size, prefill_tokens, context_tokens, step_ms) and/or "
-                                "vllm bench serve --save-result .json files, one per request rate.")
+                                "vllm bench serve --save-result .json files (any release), one per request rate.")
 
 
 SNIPPET_OPT = typer.Option(None, "--out", metavar="FILE", help="Write the device: YAML snippet here.")
 PRESET_OPT = typer.Option(None, "--preset", metavar="MODEL/GPU",
                           help="Hold the costs not fitted at this preset's values (else 0).")
 FIT_OPT = typer.Option(None, "--fit", metavar="KEY,KEY",
-                       help="The costs to fit, e.g. tau0_ms,beta_ms,kv_read_ms_per_1k_tokens "
-                            "[default: all five from steps, the first three from bench runs].")
+                       help="The unknowns to fit, e.g. tau0_ms,beta_ms,kv_read_ms_per_1k_tokens (frontend_ms: the "
+                            "fixed time outside the GPU) [default: all five costs from steps, the first three from "
+                            "bench runs].")
+FRONTEND_OPT = typer.Option(None, "--frontend-ms", metavar="MS", show_default=False,
+                            help="A request's fixed time outside the GPU step (API server, tokenisation, streaming "
+                                 "back), held at this value [default: 3 for a vLLM server, 0 for simbatch's own "
+                                 "summaries; fit it with --fit ...,frontend_ms].")
+ASYNC_OPT = typer.Option(None, "--async-scheduling/--no-async-scheduling", show_default=False,
+                         help="Whether the server scheduled a step ahead (vLLM's default since late 2025: a request "
+                              "arriving in step k is first scheduled in step k+2) [default: from the file's date].")
+HIT_OPT = typer.Option(None, "--prefix-hit-rate", metavar="[FILE=]H",
+                       help="The prefix cache's hit rate, 0 to 1 (vllm:prefix_cache_hits / "
+                            "vllm:prefix_cache_queries), of every run or of FILE's (repeatable).")
+CHECK_OPT = typer.Option(False, "--check", help="Replay each bench file with the fitted device (as simbatch replay "
+                                               "does) and print measured beside simulated.")
+SCENARIO_OPT = typer.Option(None, "--scenario", metavar="S.yaml", show_default=False,
+                            help="With --check: the server's other settings (batching, kv_cache, ...).")
+SET_OPT = typer.Option(None, "--set", metavar="KEY=VALUE", help="With --check: override a scenario value (repeatable).")
+
+
+def _hit_rates(items: list[str], files: list[Path]) -> dict:
+    out: dict = {}
+    for item in items:
+        name, sep, value = item.rpartition("=")
+        try:
+            rate = float(value)
+        except ValueError:
+            rate = math.nan
+        if not 0 <= rate <= 1:
+            raise BadInput(f"--prefix-hit-rate {printable(item)}: expected a hit rate from 0 to 1 (hits over queries), "
+                           "e.g. --prefix-hit-rate 0.4 or --prefix-hit-rate rate4.json=0.95")
+        if not sep:
+            out[None] = rate
+            continue
+        match = [f for f in files if str(f) == name or f.name == name]
+        if len(match) != 1:
+            raise BadInput(f"--prefix-hit-rate {printable(item)}: {printable(name)} is "
+                           f"{'not one of the files given' if not match else 'ambiguous: give its path'}")
+        out[match[0]] = rate
+    return out
 
 
 @reports_bad_input
 def calibrate(files: list[Path] = FILES_ARG, out: Path = SNIPPET_OPT, preset: str = PRESET_OPT,
-              fit_only: str = FIT_OPT) -> None:
+              fit_only: str = FIT_OPT, frontend_ms: float = FRONTEND_OPT, async_scheduling: bool = ASYNC_OPT,
+              prefix_hit_rate: list[str] = HIT_OPT, check: bool = CHECK_OPT, scenario: Path = SCENARIO_OPT,
+              sets: list[str] = SET_OPT) -> None:
     """Fit the device costs to measurements of your own server; print the fit, its error per point, a device: snippet.
 
     Per-step timings are fitted exactly (non-negative least squares); vllm bench serve results by a
-    closed-form steady-state approximation (docs/hardware.md says which costs they determine).
+    closed-form steady-state approximation (docs/hardware.md says which costs they determine). A fit
+    that cannot be trusted (too few points, a cost at its bound, a point off by over 10 %) prints
+    warnings and exits 1. --check replays each bench file with the fitted device.
     """
     from pydantic import ValidationError
 
     from simbatch.config import Device
     from simbatch.config.resolve import resolve_device
-    from simbatch.hardware.calibrate import PARAMS, CalibrationError
+    from simbatch.hardware.calibrate import FRONTEND, PARAMS, CalibrationError
     from simbatch.hardware.calibrate import calibrate as run_fit
 
-    for f in files:
+    for f in [*files, *([scenario] if scenario is not None else [])]:
         if not f.is_file():
             raise BadInput(f"{printable(f)}: {'not a file' if f.exists() else 'file not found'}; give per-step .csv "
                            "or vllm bench serve .json files")
+    if frontend_ms is not None and not (math.isfinite(frontend_ms) and 0 <= frontend_ms <= 1e4):
+        raise BadInput(f"--frontend-ms {frontend_ms}: expected milliseconds from 0 to 10,000, e.g. --frontend-ms 3")
+    if (scenario is not None or sets) and not check:
+        raise BadInput(f"{'--scenario' if scenario is not None else '--set'}: used by --check only; add --check")
     start = None
     if preset is not None:
         try:
@@ -114,19 +161,26 @@ def calibrate(files: list[Path] = FILES_ARG, out: Path = SNIPPET_OPT, preset: st
             raise BadInput(f"--preset: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
         start = {k: getattr(device, k) for k in PARAMS}
     try:
-        result = run_fit(files, None if fit_only is None else [p.strip() for p in fit_only.split(",")], start)
+        result = run_fit(files, None if fit_only is None else [p.strip() for p in fit_only.split(",")], start,
+                         frontend_ms, async_scheduling, _hit_rates(prefix_hit_rate or [], files))
     except CalibrationError as exc:
         raise BadInput(str(exc)) from None
     for k, v in result.params.items():
         how = "fitted" if k in result.fitted else (f"held ({result.held[k]})" if result.held[k] != "held" else
                                                    f"held at {'--preset' if preset else '0'}")
         typer.echo(f"{k:<34} {v:>12.6g}  {how}")
+    if any(p.suffix.lower() != ".csv" for p in files):
+        how = "fitted" if FRONTEND in result.fitted else "held"
+        typer.echo(f"{FRONTEND:<34} {result.frontend_ms:>12.6g}  {how} (outside the GPU step, in the TTFT equation)")
     typer.echo("")
-    typer.echo(f"{'point':<48} {'measured_ms':>12} {'fitted_ms':>10} {'error':>8}")
+    width = max(48, *(len(printable(label)) for label in result.points.label))  # labels name files: never cut
+    typer.echo(f"{'point':<{width}} {'measured_ms':>12} {'fitted_ms':>10} {'error':>8}")
     for p in result.points.itertuples():
-        typer.echo(f"{printable(p.label)[:48]:<48} {p.measured_ms:>12.4g} {p.fitted_ms:>10.4g} {p.relative_error:>+8.1%}")
+        typer.echo(f"{printable(p.label):<{width}} {p.measured_ms:>12.4g} {p.fitted_ms:>10.4g} {p.relative_error:>+8.1%}")
     err = result.points.relative_error.abs()
     typer.echo(f"relative error: median {err.median():.1%}, max {err.max():.1%} over {len(err)} points")
+    for note in result.notes:
+        typer.echo(f"note: {printable(note)}")
     snippet = result.yaml_snippet(preset)
     typer.echo("")
     typer.echo(snippet, nl=False)
@@ -136,3 +190,27 @@ def calibrate(files: list[Path] = FILES_ARG, out: Path = SNIPPET_OPT, preset: st
         except OSError as exc:
             raise BadInput(f"--out {printable(out)}: cannot write: {exc.strerror or exc}") from None
         typer.echo(f"written to {printable(out)}")
+    if check:
+        _check(files, result, preset, scenario, sets or [])
+    for warning in result.warnings:
+        typer.echo(f"warning: {printable(warning)}", err=True)
+    if result.warnings:
+        raise typer.Exit(1)
+
+
+def _check(files: list[Path], result, preset: str | None, scenario: Path | None, sets: list[str]) -> None:
+    """Each bench file replayed with the fitted device: the loop closed, fit by formula, judged by simulation."""
+    from simbatch.app.cli.replay import run_replay, side_by_side
+    from simbatch.app.replay import base_data
+    from simbatch.workload import bench_result
+
+    data, source, base_dir = base_data(scenario, [*sets, *result.overrides(preset)])
+    for path in (f for f in files if f.suffix.lower() == ".json"):
+        typer.echo("")
+        plan, _, measured, simulated, notes = run_replay(bench_result.read(path), data, source, base_dir, False,
+                                                        True, path.name)
+        for line in plan.lines():
+            typer.echo(printable(line))
+        for note in notes:
+            typer.echo(f"note: {printable(note)}")
+        typer.echo(side_by_side(measured, simulated))

@@ -244,6 +244,8 @@ def _compare_runs(sources: list[Path], out: Path | None, no_plots: bool, quiet: 
     runs = load_sources(sources, force, lambda line: typer.echo(f"warning: {printable(line)}", err=True))
     folder = out or results.default_folder("compare")
     results.check_target(folder)
+    for note in (n for r in runs.values() for n in r.notes):
+        typer.echo(f"note: {printable(note)}", err=True)
     say(report.compare_table(runs))
     for line in report.verdict_lines(runs):
         say(line)
