@@ -8,6 +8,7 @@ injection" OWASP warns about). Both are neutralised here, in one place.
 
 from __future__ import annotations
 
+import math
 import unicodedata
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,18 @@ def printable(text: object, limit: int | None = None) -> str:
     out = "".join(repr(ch)[1:-1] if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp") else ch
                   for ch in str(text))
     return out if limit is None or len(out) <= limit else out[: limit - 1] + "…"
+
+
+def number(value: float) -> str:
+    """Four significant digits, but whole thousands with separators (12,340 rather than 1.234e+04)."""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+
+def mean_ci(mean: float, ci: float) -> str:
+    """``12.3 ± 0.4``: a mean and its confidence half-width (``-`` for no mean, no ``±`` without a width)."""
+    if math.isnan(mean):
+        return "-"
+    return number(mean) if math.isnan(ci) else f"{number(mean)} ± {number(ci)}"
 
 
 def spreadsheet_safe(value: str) -> str:
