@@ -8,6 +8,7 @@
     simbatch sweep SCENARIO.yaml      a grid of parameters x replications, locally or on Dask
     simbatch capacity-search ...      the highest arrival rate that meets the SLOs
     simbatch placement SCENARIO.yaml  the best prefill:decode split of N replicas (disaggregated)
+    simbatch plan SCENARIO.yaml       the cheapest fleet (GPU, settings, replicas) that meets the SLOs
     simbatch presets                  the model and GPU cards behind device.preset
     simbatch calibrate FILE...        device costs fitted to per-step timings or vllm bench serve results
     simbatch view RESULT_DIR          open a result folder's report.html (or serve it on localhost)
@@ -27,6 +28,7 @@ from simbatch.app.cli.explore import explore
 from simbatch.app.cli.hardware import calibrate, presets
 from simbatch.app.cli.inspect import schema, validate
 from simbatch.app.cli.placement import placement
+from simbatch.app.cli.plan import plan
 from simbatch.app.cli.run import compare, run
 from simbatch.app.cli.sweep import register as register_sweep
 from simbatch.app.cli.view import view
@@ -41,6 +43,7 @@ app = typer.Typer(
 for command in (run, compare, validate, schema, capacity, presets, calibrate, placement):
     app.command()(command)
 register_sweep(app)
+app.command()(plan)
 app.command()(view)
 app.command()(explore)
 
