@@ -27,16 +27,17 @@ def printable(text: object, limit: int | None = None) -> str:
     return out if limit is None or len(out) <= limit else out[: limit - 1] + "…"
 
 
-def number(value: float) -> str:
-    """Four significant digits, but whole thousands with separators (12,340 rather than 1.234e+04)."""
-    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+def number(value: float, digits: int = 4) -> str:
+    """``digits`` significant digits, but whole numbers from there on, with separators (12,340 rather
+    than 1.234e+04; with 2 digits, 230 rather than 2.3e+02)."""
+    return f"{value:,.0f}" if abs(value) >= min(1000, 10 ** (digits - 1)) else f"{value:.{digits}g}"
 
 
-def mean_ci(mean: float, ci: float) -> str:
+def mean_ci(mean: float, ci: float, ci_digits: int = 4) -> str:
     """``12.3 ± 0.4``: a mean and its confidence half-width (``-`` for no mean, no ``±`` without a width)."""
     if math.isnan(mean):
         return "-"
-    return number(mean) if math.isnan(ci) else f"{number(mean)} ± {number(ci)}"
+    return number(mean) if math.isnan(ci) else f"{number(mean)} ± {number(ci, ci_digits)}"
 
 
 def spreadsheet_safe(value: str) -> str:

@@ -50,7 +50,7 @@ def _ranked_table(plan, frame):
         table.add_column(c, justify="left" if c in ("configuration", "binding") else "right")
     for row in frame.itertuples(index=False):
         r = row._asdict()
-        slo_cells = [mean_ci(r[lim.key], r[f"{lim.key}_ci95"]) for lim in q.limits if lim.key != "incomplete_requests"]
+        slo_cells = [mean_ci(r[lim.key], r[f"{lim.key}_ci95"], 2) for lim in q.limits if lim.key != "incomplete_requests"]
         table.add_row(str(r["rank"]), r["configuration"], str(r["replicas"]), str(r["gpus"]), _money(r["cost_per_hour"]),
                       _money(r["cost_per_million_output_tokens"]),
                       "-" if math.isnan(r["headroom_rate"]) else f"{_num(r['headroom_rate'])} (×{r['headroom_x']:.2f})",
@@ -80,16 +80,15 @@ def verdict_lines(plan) -> list[str]:
     q, best = plan.question, plan.ranked[0]
     row = ranked_frame(plan).iloc[0]
     replicas, gpus = int(row.replicas), int(row.gpus)
-    lines = [f"Chosen: {best.config.label} x {replicas} replica{'s' * (replicas != 1)} ({gpus} "
-             f"{best.config.gpu} GPU{'s' * (gpus != 1)}), {_money(row.cost_per_hour)}/hour at "
-             f"{q.prices.describe(best.config.gpu)}, {_money(row.cost_per_million_output_tokens)} per million "
-             f"output tokens; " + (f"headroom {row.headroom_rate:.4g} req/s ({row.headroom_x:.2f}x the planned "
-                                   f"{q.rate:.4g}; then {row.binding} binds)." if q.headroom else
-                                   "headroom not searched (--no-headroom).")]
+    lines = [f"Chosen: {best.config.label} x {replicas} replica{'s' * (replicas != 1)} ({gpus} {best.config.gpu} "
+             f"GPU{'s' * (gpus != 1)}), {_money(row.cost_per_hour)}/hour at {q.prices.describe(best.config.gpu)}, "
+             f"{_money(row.cost_per_million_output_tokens)} per million output tokens.",
+             f"Headroom: {row.headroom_rate:.4g} req/s, {row.headroom_x:.2f}x the planned {q.rate:.4g} (then "
+             f"{row.binding} binds)." if q.headroom else "Headroom: not searched (--no-headroom)."]
     lines += describe(launches(plan), best.screen.point.scenario.cluster.router)
     if math.isnan(row.kwh_per_hour):
         lines.append(f"energy: no idle_watts/max_watts for {best.config.gpu} in its GPU card or the prices file")
-    lines.append(f"Prices from {q.prices.path}: prices vary by provider, region and week; bring yours with --prices.")
+    lines.append(f"Prices from {q.prices.label}: prices vary by provider, region and week; bring yours with --prices.")
     return lines
 
 
@@ -189,9 +188,10 @@ def plan(
             if best else ""
         raise PlanInputError(f"no configuration meets the SLOs within the search space{miss} (every candidate's "
                              f"fate: {folder / 'candidates.csv'})")
-    typer.echo(f"Traffic: {question.rate:.4g} req/s from {printable(scenario)}; {_counts(result)} "
-               f"({result.runs} runs of {replications} replications each, {question.store.resumed} of them resumed from "
-               f"{printable(folder)}, on {executor.description}, {elapsed:.1f} s).")
+    typer.echo(f"Traffic: {question.rate:.4g} req/s from {printable(scenario)}, {replications} replications per point.")
+    typer.echo(f"Search: {_counts(result)}.")
+    typer.echo(f"Runs: {result.runs} ({question.store.resumed} resumed from {printable(folder)}) on "
+               f"{executor.description} in {elapsed:.1f} s.")
     console.print(_ranked_table(result, output.ranked_frame(result)))
     misses = output.rejected(result)
     if misses:

@@ -56,7 +56,7 @@ class Limit:
 
     def failure(self, mean: float, ci95: float = math.nan) -> str:
         """``p99_ttft_ms 812 ± 40 > 500``: the replications' mean, its 95 % half-width, the limit."""
-        shown = "no completed request" if math.isnan(mean) else mean_ci(mean, ci95)
+        shown = "no completed request" if math.isnan(mean) else mean_ci(mean, ci95, 2)
         return f"{self.key} {shown} {'>' if self.at_most else '<'} {self.bound:g}"
 
 

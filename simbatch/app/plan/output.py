@@ -152,7 +152,7 @@ def plan_record(plan: Plan) -> dict[str, Any]:
     frame = ranked_frame(plan)
     return json_safe({
         "objective": q.objective, "rate": q.rate, "limits": [lim.text for lim in q.limits],
-        "replications": q.replications, "tolerance": q.tolerance, "prices": str(q.prices.path),
+        "replications": q.replications, "tolerance": q.tolerance, "prices": q.prices.label,
         "winner": frame.iloc[0].to_dict(),
         "launch": [{"role": lc.role, "replicas": lc.replicas, "command": lc.command, "notes": list(lc.notes)}
                    for lc in launches(plan)],
@@ -175,8 +175,8 @@ def pareto_figure(plan: Plan):
                    color=palette[gpu], s=22, label=gpu)
         ax.scatter(rows.loc[~met, "tokens_per_s_per_user"], rows.loc[~met, "output_tokens_per_s_per_gpu"],
                    facecolors="none", edgecolors=palette[gpu], s=22, alpha=0.6)
-    ax.scatter([], [], color="grey", s=22, label="filled: meets the SLOs")
-    ax.scatter([], [], facecolors="none", edgecolors="grey", s=22, label="hollow: misses them")
+    ax.scatter([], [], color="black", s=22, label="filled: meets the SLOs")
+    ax.scatter([], [], facecolors="none", edgecolors="black", s=22, label="hollow: misses them")
     good = probes[probes["met"].astype(bool)]
     front = good[pareto_front(good["tokens_per_s_per_user"], good["output_tokens_per_s_per_gpu"])]
     front = front.sort_values("tokens_per_s_per_user")

@@ -84,14 +84,20 @@ class Prices:
 
     path: Path
     file: PriceFile
+    shipped: bool = False
 
     @classmethod
     def load(cls, path: Path | None) -> Prices:
         """The file at ``path``, or the shipped example; ScenarioError names what is wrong in it."""
         if path is None:
             with resources.as_file(resources.files("simbatch").joinpath(SHIPPED)) as shipped:
-                return cls(Path(shipped), load_model(shipped, PriceFile, "prices file"))
+                return cls(Path(shipped), load_model(shipped, PriceFile, "prices file"), shipped=True)
         return cls(Path(path), load_model(path, PriceFile, "prices file"))
+
+    @property
+    def label(self) -> str:
+        """The file as a reader knows it: the shipped example by its place in the package."""
+        return f"simbatch/{SHIPPED} (the shipped example)" if self.shipped else str(self.path)
 
     def _entry(self, gpu: str) -> GpuPrice | None:
         return {k.lower(): v for k, v in self.file.gpus.items()}.get(gpu.lower())
