@@ -120,7 +120,7 @@ def test_lone_request_bounds_hold_for_every_simulated_request():
                                    "device": {"preset": "llama-3.1-8b/A100-80GB"}, "kv_cache": {"num_blocks": "auto"},
                                    "batching": {"max_num_seqs": 64, "max_num_batched_tokens": 512}})
     result = simulate(scenario)
-    rq = result.requests.sort_values("id") if "id" in result.requests else result.requests
+    rq = result.requests
     bounds = lone_request_bounds(scenario.device, scenario.batching, rq["prompt_tokens"].to_numpy(),
                                  rq["output_tokens"].to_numpy())
     assert (rq["ttft_s"].to_numpy() >= bounds.ttft_s - 1e-9).all()

@@ -19,6 +19,7 @@ from simbatch.app.cli.sweep import (
     ReplicationsOpt,
     ScenarioArg,
     SetOpt,
+    SloOpt,
     WorkersOpt,
     _check,
     _connect,
@@ -104,10 +105,7 @@ def _counts(plan) -> str:
 @_reports_bad_input
 def plan(
     scenario: ScenarioArg,
-    slo: Annotated[list[str] | None, typer.Option(
-        "--slo", metavar="METRIC_STAT_ms=LIMIT",
-        help="An SLO, repeatable, as capacity-search takes it: ttft_p99_ms=500, tpot_p99_ms=50, e2el_mean_ms=2000. "
-             "It holds when the replications' mean meets it.")] = None,
+    slo: SloOpt = None,
     goodput: Annotated[list[str] | None, typer.Option(
         "--goodput", metavar="METRIC:MS",
         help="Per-request SLOs in vLLM's syntax, --goodput 'ttft:500 tpot:50': met when at least --attainment of "
@@ -165,6 +163,7 @@ def plan(
     from simbatch.app.plan import output
     from simbatch.app.plan.question import Flags, PlanInputError, ask
     from simbatch.app.plan.search import Searcher
+    from simbatch.app.sweep.runner import ExecutorError
 
     if dask is not None and scheduler_address is not None and dask != scheduler_address:
         raise PlanInputError("--dask and --scheduler-address: give one (they are the same option)")
@@ -176,7 +175,11 @@ def plan(
     question = ask(scenario, space, flags, slo or [], goodput_limits(goodput or []), attainment, prices, objective, top,
                    replications, tolerance, sets, out, force, headroom)
     started = time.perf_counter()
-    with _connect(workers, address) as executor, _progress(None, "simulations") as advance:
+    try:
+        executor = _connect(workers, address)
+    except ExecutorError as exc:  # said of --scheduler-address: name the flag given
+        raise ExecutorError(str(exc).replace("--scheduler-address", "--dask") if dask else str(exc)) from None
+    with executor, _progress(None, "simulations") as advance:
         result = Searcher(question, executor, advance).run()
     elapsed = time.perf_counter() - started
     console = Console(width=200)

@@ -42,6 +42,10 @@ OutOpt = Annotated[Path | None, typer.Option(
     "--out", "-o", metavar="DIR",
     help="Output folder (default: results/<scenario name>/sweep, or /capacity-<SLOs>-<hash of the arguments>); "
          "rerunning the same command into it resumes.")]
+SloOpt = Annotated[list[str] | None, typer.Option(
+    "--slo", metavar="METRIC_STAT_ms=LIMIT",
+    help="An SLO, repeatable: ttft/tpot/itl/e2el with mean/median/p50/p90/p99 or any pN, e.g. ttft_p99_ms=500 "
+         "(vLLM's p99_ttft_ms also works). It holds when the replications' mean meets it.")]
 ForceOpt = Annotated[bool, typer.Option(
     "--force", help="Run even when the size estimate is above the limit (see docs/errors.md).")]
 
@@ -187,10 +191,7 @@ def _print_table(frame, keys: list[str], title: str) -> None:
 @_reports_bad_input
 def capacity_search(
     scenario: ScenarioArg,
-    slo: Annotated[list[str] | None, typer.Option(
-        "--slo", metavar="METRIC_STAT_ms=LIMIT",
-        help="An SLO, repeatable: ttft/tpot/itl/e2el with mean/median/p50/p90/p99, e.g. ttft_p99_ms=500 "
-             "(vLLM's p99_ttft_ms also works). It holds when the replications' mean meets it.")] = None,
+    slo: SloOpt = None,
     param: ParamOpt = None,
     set_: SetOpt = None,
     replications: ReplicationsOpt = 3,
