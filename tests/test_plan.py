@@ -286,7 +286,8 @@ def test_the_headroom_is_what_capacity_search_finds_by_hand(files, tmp_path):
     assert best.configuration.startswith("llama-3.1-8b/")
     preset = best.configuration.split()[0]
     sets = [f"device.preset={preset}", "kv_cache.num_blocks=auto", f"cluster.replicas={best.replicas}",
-            f"batching.max_num_seqs={best.max_num_seqs}", f"batching.max_num_batched_tokens={best.max_num_batched_tokens}"]
+            f"batching.max_num_seqs={best.max_num_seqs}",
+            f"batching.max_num_batched_tokens={best.max_num_batched_tokens}"]
     by_hand = CapacitySearch.plan(files["preset.yaml"], [], sets, ["ttft_p99_ms=500", "tpot_p99_ms=50"], 2, 0.1,
                                   tmp_path / "cs")
     frame = by_hand.run(Executor(1))

@@ -31,6 +31,14 @@ from simbatch.app.text import mean_ci, printable
 ListOpt = Annotated[str | None, typer.Option(show_default=False)]
 
 
+def _text(value: object) -> str:
+    """A user's name or a message as a table cell: control characters escaped, and brackets too (rich
+    would read ``[...]`` as markup)."""
+    from rich.markup import escape
+
+    return escape(printable(value))
+
+
 def _money(x: float) -> str:
     return "-" if math.isnan(x) else f"${x:,.2f}" if x >= 0.995 else f"${x:.3f}"
 
@@ -51,8 +59,10 @@ def _ranked_table(plan, frame):
         table.add_column(c, justify="left" if c in ("configuration", "binding") else "right")
     for row in frame.itertuples(index=False):
         r = row._asdict()
-        slo_cells = [mean_ci(r[lim.key], r[f"{lim.key}_ci95"], 2) for lim in q.limits if lim.key != "incomplete_requests"]
-        table.add_row(str(r["rank"]), r["configuration"], str(r["replicas"]), str(r["gpus"]), _money(r["cost_per_hour"]),
+        slo_cells = [mean_ci(r[lim.key], r[f"{lim.key}_ci95"], 2) for lim in q.limits
+                     if lim.key != "incomplete_requests"]
+        table.add_row(str(r["rank"]), _text(r["configuration"]), str(r["replicas"]), str(r["gpus"]),
+                      _money(r["cost_per_hour"]),
                       _money(r["cost_per_million_output_tokens"]),
                       "-" if math.isnan(r["headroom_rate"]) else f"{_num(r['headroom_rate'])} (×{r['headroom_x']:.2f})",
                       r["binding"], *slo_cells,
@@ -67,8 +77,8 @@ def _rejected_table(misses):
     for c in ("configuration", "replicas", "GPUs", "$/hour", "judged by", "why"):
         table.add_column(c, justify="right" if c in ("replicas", "GPUs", "$/hour") else "left")
     for m in misses:
-        table.add_row(m["configuration"], str(m["replicas"]), str(m["gpus"]), _money(m["cost_per_hour"]), m["by"],
-                      m["why"])
+        table.add_row(_text(m["configuration"]), str(m["replicas"]), str(m["gpus"]), _money(m["cost_per_hour"]),
+                      m["by"], _text(m["why"]))
     return table
 
 
@@ -133,7 +143,8 @@ def plan(
     top: Annotated[int, typer.Option(help="Configurations ranked (each bisected for its headroom).")] = 10,
     replications: ReplicationsOpt = 3,
     tolerance: Annotated[float, typer.Option(
-        help="The headroom's bisection stops when its bracket is narrower than this fraction of its upper end.")] = 0.05,
+        help="The headroom's bisection stops when its bracket is narrower than this fraction of its "
+             "upper end.")] = 0.05,
     headroom: Annotated[bool, typer.Option(
         "--headroom/--no-headroom", help="Bisect each ranked fleet for the highest rate it carries within the "
         "SLOs (--no-headroom: the sizing alone, faster).")] = True,

@@ -41,6 +41,7 @@ from simbatch.app.plan.limits import failures
 from simbatch.app.plan.search import Candidate, Plan, headroom_binding, sort_key
 from simbatch.app.results import json_safe
 from simbatch.app.sweep.store import write_atomic
+from simbatch.app.text import spreadsheet_safe_frame
 
 SHOWN_REJECTED = 5
 
@@ -234,10 +235,15 @@ def report_html(plan: Plan, png: bytes, lines: list[str]) -> str:
             "</body></html>\n")
 
 
+def _csv(frame: pd.DataFrame) -> str:
+    """A frame as CSV whose text cells a spreadsheet shows as text (a device may be named ``=...``)."""
+    return spreadsheet_safe_frame(frame).to_csv(index=False)
+
+
 def write_unranked(plan: Plan, out: Path) -> list[Path]:
     """A plan with no answer: ``candidates.csv`` and ``probes.csv``, every candidate's fate."""
-    write_atomic(out / "candidates.csv", candidates_frame(plan).to_csv(index=False))
-    write_atomic(out / "probes.csv", pd.DataFrame(plan.probes).to_csv(index=False))
+    write_atomic(out / "candidates.csv", _csv(candidates_frame(plan)))
+    write_atomic(out / "probes.csv", _csv(pd.DataFrame(plan.probes)))
     return [out / "candidates.csv", out / "probes.csv"]
 
 
@@ -245,9 +251,8 @@ def write(plan: Plan, out: Path, lines: list[str]) -> list[Path]:
     """Every file of the module docstring, each written atomically; returns their paths."""
     from simbatch.app.plots.figure import save_figure
 
-    files = {"plan.csv": ranked_frame(plan).to_csv(index=False),
-             "candidates.csv": candidates_frame(plan).to_csv(index=False),
-             "probes.csv": pd.DataFrame(plan.probes).to_csv(index=False),
+    files = {"plan.csv": _csv(ranked_frame(plan)), "candidates.csv": _csv(candidates_frame(plan)),
+             "probes.csv": _csv(pd.DataFrame(plan.probes)),
              "plan.json": json.dumps(plan_record(plan), indent=2, allow_nan=False) + "\n"}
     for name, text in files.items():
         write_atomic(out / name, text)

@@ -190,4 +190,4 @@ def ask(scenario_path: Path, space_path: Path | None, flags: Flags, slo_texts: l
                   "replications": replications, "tolerance": tolerance, "headroom": headroom})
     store = open_store(Path(out) if out else default_out([anchor], slug), "plan", scenario_path, sets, [anchor])
     return Question(scenario_path, sets, rate, rate_override, limits, screens, prices, objective, top,
-                    replications, tolerance, space.replicas.max, store, headroom)
+                    replications, tolerance, space.replicas.max, store, headroom, force)

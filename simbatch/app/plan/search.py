@@ -40,6 +40,7 @@ from simbatch.app.sweep.aggregate import combine
 from simbatch.app.sweep.capacity import Search
 from simbatch.app.sweep.runner import Executor, Point, execute, load_point, runs_for
 from simbatch.app.sweep.store import Store
+from simbatch.config import guard
 
 OBJECTIVES = ("cost", "gpus", "goodput-per-dollar")
 ROUND_CONFIGS = 8
@@ -158,6 +159,7 @@ class Question:
     max_units: int
     store: Store
     headroom: bool = True  # bisect each ranked fleet for its headroom
+    force: bool = False  # lift the run-size guard (a probe at a high rate or a large fleet holds more)
 
 
 @dataclass
@@ -189,6 +191,8 @@ class Searcher:
             if probe.rate is not None:
                 values |= q.rate_override(probe.rate)
             point = load_point(q.scenario_path, q.sets, values)
+            if point.scenario is not None:
+                guard.check_run(point.scenario, q.force)
             planned.append((point, runs_for(point, q.replications)))
         every = [run for _, runs in planned for run in runs]
         records = execute(every, q.store, self.executor, (lambda _: self.on_run()) if self.on_run else None)
@@ -256,7 +260,8 @@ class Searcher:
             cand.status = "rejected"
             cand.note = f"misses the limits even at {cand.config.replicas(q.max_units)} replicas (replicas.max)"
             return None
-        key = bound_key(q.objective, cand) if q.objective == "goodput-per-dollar" else sort_key(q.objective, cand, units)
+        key = bound_key(q.objective, cand) if q.objective == "goodput-per-dollar" else \
+            sort_key(q.objective, cand, units)
         if threshold is not None and key >= threshold:
             if cand.ok is None:
                 cand.status, cand.note = "outranked", f"stopped before {cand.config.replicas(units)} replicas: no " \
