@@ -51,8 +51,13 @@ def _mean(combined: dict[str, Any], key: str) -> float:
 
 
 def _card(cand: Candidate):
+    """The GPU card of the candidate: its preset's, or for a calibrated device the shipped card of its GPU."""
+    from simbatch.hardware.cards import shipped
+
     deployment = cand.screen.point.scenario.device.deployment()
-    return None if deployment is None else deployment.gpu
+    if deployment is not None:
+        return deployment.gpu
+    return {name.lower(): card for name, card in shipped()[0].items()}.get(cand.config.gpu.lower())
 
 
 def energy(plan: Plan, cand: Candidate) -> tuple[float, float]:
