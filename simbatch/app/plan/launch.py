@@ -5,7 +5,8 @@ not vLLM's (prefix caching: off in a scenario unless set, on in vLLM), so the se
 simulated: ``--tensor-parallel-size``, ``--enable-expert-parallel``, ``--quantization fp8``,
 ``--max-num-seqs``, ``--max-num-batched-tokens``, ``--gpu-memory-utilization``, ``--kv-cache-dtype``,
 ``--block-size``, ``--enable-prefix-caching`` / ``--no-enable-prefix-caching``,
-``--enable-chunked-prefill`` / ``--no-enable-chunked-prefill``, ``--long-prefill-token-threshold``,
+``--enable-chunked-prefill`` / ``--no-enable-chunked-prefill``, ``--async-scheduling`` /
+``--no-async-scheduling`` (off in a scenario unless set, on in vLLM), ``--long-prefill-token-threshold``,
 ``--scheduling-policy priority``, ``--num-gpu-blocks-override`` (a calibrated device's block count),
 and for disaggregated pools ``--kv-transfer-config`` with vLLM's NIXL connector. What vLLM has no
 flag for (simbatch's ``sjf`` and ``fair`` policies, a speculative drafter without its model) is said
@@ -45,7 +46,8 @@ def _flags(config: Config, scenario: Scenario) -> tuple[list[str], list[str]]:
               "--gpu-memory-utilization", f"{kv.gpu_memory_utilization:g}",
               "--kv-cache-dtype", str(getattr(kv, "dtype", None) or "auto"), "--block-size", str(kv.block_size),
               "--enable-prefix-caching" if kv.enable_prefix_caching else "--no-enable-prefix-caching",
-              "--enable-chunked-prefill" if b.enable_chunked_prefill else "--no-enable-chunked-prefill"]
+              "--enable-chunked-prefill" if b.enable_chunked_prefill else "--no-enable-chunked-prefill",
+              "--async-scheduling" if sched.async_scheduling else "--no-async-scheduling"]
     if b.long_prefill_token_threshold is not None:
         flags += ["--long-prefill-token-threshold", str(b.long_prefill_token_threshold)]
     if scenario.device.preset is None:
