@@ -2,7 +2,7 @@
 
 The end-to-end checks run small plans (a hundred requests, two replications) in this process: a
 tiny space of calibrated devices whose sizes are known (the validation suite holds the closed-form
-case, tests/validation/test_plan.py), and a preset space of three GPUs for the worked example's shape.
+case, tests/validation/test_planning.py), and a preset space of three GPUs for the worked example's shape.
 """
 
 from __future__ import annotations
