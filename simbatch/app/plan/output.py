@@ -52,11 +52,12 @@ def _mean(combined: dict[str, Any], key: str) -> float:
 
 def _card(cand: Candidate):
     """The GPU card of the candidate: its preset's, or for a calibrated device the shipped card of its GPU."""
+    from simbatch.config.resolve import deployment
     from simbatch.hardware.cards import shipped
 
-    deployment = cand.screen.point.scenario.device.deployment()
-    if deployment is not None:
-        return deployment.gpu
+    preset = deployment(cand.screen.point.scenario.device)
+    if preset is not None:
+        return preset.gpu
     return {name.lower(): card for name, card in shipped()[0].items()}.get(cand.config.gpu.lower())
 
 

@@ -185,11 +185,12 @@ def _device_section(scenario: Scenario, preset: str) -> dict[str, Any]:
 
 def _presets(space: SearchSpace, scenario: Scenario) -> list[tuple[str, Any, bool]]:
     """(preset name, its Deployment or the ValueError parsing it, expert parallel) of every combination."""
+    from simbatch.config.resolve import deployment
     from simbatch.hardware.preset import parse
 
     if space.models is None and space.gpus is None and space.devices is not None:
         return []  # calibrated devices only
-    own = scenario.device.deployment()
+    own = deployment(scenario.device)
     if own is None and space.models is None and space.gpus is None:
         raise SpaceError("the scenario's device has no preset, so its GPU (and its price) is unknown; give models "
                          "and gpus to choose from (--model, --gpu), or your calibrated device with its GPU (devices: "
