@@ -60,6 +60,10 @@ COMMANDS = {
                    0, 5.0, "printed"),
     "ctrl-c-run": ("a long `simbatch run` stops after Ctrl-C", LONG_RUN, 130, 1.0, "signal"),
     "ctrl-c-sweep": ("a long `simbatch sweep` and its workers stop after Ctrl-C", LONG_SWEEP, 130, 1.0, "signal"),
+    "plan-256": ("`simbatch plan` of docs/planning.md's worked example: 256 configurations, from scratch",
+                 [SIMBATCH, "plan", str(SCENARIOS / "llama3_8b_h100.yaml"), "--request-rate", "5", "--space",
+                  str(SCENARIOS / "plan" / "llama3_8b.yaml"), "--slo", "ttft_p99_ms=500", "--slo", "tpot_p99_ms=50",
+                  "--out", "out"], 0, 120.0, "wall"),
 }
 
 

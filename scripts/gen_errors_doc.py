@@ -39,6 +39,7 @@ workload:
 batching: {max_num_seqs: 8, max_num_batched_tokens: 512}
 """
 TRACE = "name: traced\nworkload:\n  trace:\n    path: {path}\n"
+PRESET = GOOD + "device: {preset: llama-3.1-8b/H100-SXM}\nkv_cache: {num_blocks: auto}\n"
 TRACE_CSV = "TIMESTAMP,ContextTokens,GeneratedTokens\n0.0,10,5\n0.5,12,6\n1.0,9,4\n"
 
 
@@ -251,6 +252,14 @@ CASES = [
                                       "-o", "sw"), {"s.yaml": GOOD}, code=1),
     Case("capacity-search SLO out of reach", ("capacity-search", "s.yaml", "--slo", "ttft_p99_ms=0.001", "-r", "1",
                                               "-w", "1", "-o", "cs"), {"s.yaml": GOOD}, code=1),
+    # Plans
+    Case("plan: an empty search space", ("plan", "p.yaml", "--space", "space.yaml", "--slo", "ttft_p99_ms=500"),
+         {"p.yaml": PRESET, "space.yaml": "gpus: []\n"}),
+    Case("plan: an SLO no configuration meets", ("plan", "p.yaml", "--slo", "tpot_p99_ms=1"), {"p.yaml": PRESET}),
+    Case("plan: a prices file without the chosen GPU", ("plan", "p.yaml", "--slo", "ttft_p99_ms=500", "--prices",
+                                                        "prices.yaml"),
+         {"p.yaml": PRESET, "prices.yaml": "gpus:\n  L4: {usd_per_gpu_hour: 0.89}\n"}),
+    Case("plan: a device without a GPU to price", ("plan", "s.yaml", "--slo", "ttft_p99_ms=500"), {"s.yaml": GOOD}),
 ]
 
 
@@ -304,7 +313,10 @@ HEADER = """\
 Bad input of any kind ends a command the same way: **one line per problem on stderr**, naming the
 file (with line and column where there is one), the field, the value and the fix; **exit code 2**;
 no traceback; and no result folder, not even a half-written one. A sweep or capacity search that ran
-but has points without an answer exits **1** (the rows with their errors are in its table).
+but has points without an answer exits **1** (the rows with their errors are in its table). A plan
+whose question has no answer exits 2 with one line naming the closest miss: before any simulation when
+the closed forms rule out every configuration (nothing is written), or after one, with the store of
+its runs and ``candidates.csv`` (every candidate's fate) in its folder.
 
 The other ways a command ends early:
 

@@ -203,14 +203,6 @@ def test_the_same_csv_in_this_process_as_in_a_pool(cli, scenario_file, local_swe
     assert (tmp_path / "inline" / "summary.csv").read_bytes() == (local_sweep / "summary.csv").read_bytes()
 
 
-@pytest.fixture(scope="module")
-def dask_cluster():
-    distributed = pytest.importorskip("distributed")
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=":0") as cluster:
-        yield cluster
-
-
 def test_the_same_csv_through_a_dask_cluster(cli, scenario_file, local_sweep, dask_cluster, tmp_path,
                                              no_plots):
     result = sweep(cli, scenario_file, tmp_path / "dask", *GRID, "--replications", "3",

@@ -8,6 +8,7 @@ injection" OWASP warns about). Both are neutralised here, in one place.
 
 from __future__ import annotations
 
+import math
 import unicodedata
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,19 @@ def printable(text: object, limit: int | None = None) -> str:
     out = "".join(repr(ch)[1:-1] if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Zl", "Zp") else ch
                   for ch in str(text))
     return out if limit is None or len(out) <= limit else out[: limit - 1] + "…"
+
+
+def number(value: float, digits: int = 4) -> str:
+    """``digits`` significant digits, but whole numbers from there on, with separators (12,340 rather
+    than 1.234e+04; with 2 digits, 230 rather than 2.3e+02)."""
+    return f"{value:,.0f}" if abs(value) >= min(1000, 10 ** (digits - 1)) else f"{value:.{digits}g}"
+
+
+def mean_ci(mean: float, ci: float, ci_digits: int = 4) -> str:
+    """``12.3 ± 0.4``: a mean and its confidence half-width (``-`` for no mean, no ``±`` without a width)."""
+    if math.isnan(mean):
+        return "-"
+    return number(mean) if math.isnan(ci) else f"{number(mean)} ± {number(ci, ci_digits)}"
 
 
 def spreadsheet_safe(value: str) -> str:

@@ -7,6 +7,7 @@ the value it complains about, so the CLI can print ``file:line:col: dotted.path:
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import stat
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from simbatch.config import LengthDist, Scenario, suggestion
 from simbatch.config.resolve import resolve
@@ -277,12 +278,13 @@ def _clean_loc(loc: tuple, data: Any) -> str:
     return ".".join(parts)
 
 
-def _message(err: dict) -> str:
+def _message(err: dict, root: type[BaseModel] | None = None) -> str:
     kind, msg = err["type"], err["msg"]
     if kind == "extra_forbidden":
-        guess = suggestion(err["loc"])
+        guess = suggestion(err["loc"], root)
         hint = f"did you mean {guess!r}? " if guess else ""
-        return f"unknown key; {hint}remove it or check its spelling (see `simbatch schema`)"
+        where = " (see `simbatch schema`)" if root in (None, Scenario) else ""
+        return f"unknown key; {hint}remove it or check its spelling{where}"
     if kind == "missing":
         return "required field is missing"
     if kind.startswith("value_error"):
@@ -382,13 +384,21 @@ def whole_characters(value: Any, source: str, marks: dict[tuple, yaml.Mark], pat
                                      None if mark is None else mark.column + 1)]) from None
 
 
+@functools.lru_cache(maxsize=16)
+def _parsed(text: str, source: str) -> tuple[dict[tuple, yaml.Mark], Any]:
+    """The marks and data of a scenario's text, parsed once per text: a sweep or a plan loads one file
+    hundreds of times with different overrides (pure-Python YAML parsing would be most of its time).
+    The data is shared: callers copy it before they change it."""
+    node, data = read_yaml(text, source)
+    return (_marks(node) if node is not None else {}), data
+
+
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
     """Read, override, validate and resolve a scenario file. Raises ScenarioError with every problem found."""
     path = Path(path)
     source = str(path)
-    node, data = read_yaml(read_text(path), source)
-    marks = _marks(node) if node is not None else {}
-    data = whole_characters(data, source, marks)
+    marks, data = _parsed(read_text(path), source)
+    data = whole_characters(data, source, marks)  # new containers: the cached parse is left as it was
     parsed = [(key, whole_characters(value, "--set", {}, (key,))) for key, value in map(parse_override, overrides or [])]
     if parsed:
         data = apply_overrides(data if isinstance(data, dict) else {}, parsed)
@@ -396,3 +406,26 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
         return scenario_from_dict(data, source, marks, base_dir=path.resolve().parent)
     except ScenarioError as exc:
         raise ScenarioError([_from_command_line(p, [k for k, _ in parsed], marks) for p in exc.problems]) from None
+
+
+def load_model(path: str | Path, model: type[BaseModel], what: str) -> BaseModel:
+    """A YAML file that is not a scenario (a plan's search space, a prices file) validated into
+    ``model``, with a scenario's guards and its ``file:line:col: dotted.path: message`` problems.
+    ``what`` names the file in the message when it is not a mapping ("search space")."""
+    path = Path(path)
+    source = str(path)
+    node, data = read_yaml(read_text(path), source)
+    if not isinstance(data, dict):
+        kind = "empty" if data is None else f"a {type(data).__name__}"
+        raise ScenarioError([Problem(source, "", f"the {what} is {kind}; expected a YAML mapping")])
+    marks = _marks(node)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            mark = _locate(err["loc"], marks, err["type"] == "extra_forbidden")
+            problems.append(Problem(source, _clean_loc(err["loc"], data), _message(err, model),
+                                    None if mark is None else mark.line + 1,
+                                    None if mark is None else mark.column + 1))
+        raise ScenarioError(problems) from None

@@ -191,12 +191,13 @@ def _models_in(annotation) -> list[type[BaseModel]]:
     return [m for arg in get_args(annotation) for m in _models_in(arg)]
 
 
-def suggestion(loc: tuple) -> str | None:
+def suggestion(loc: tuple, root: type[BaseModel] | None = None) -> str | None:
     """For an unknown key at pydantic location ``loc``, the closest known key there, if one is close.
 
-    The location is followed through the models; list indexes and union tags are stepped over.
+    The location is followed through the models from ``root`` (the scenario by default); list indexes
+    and union tags are stepped over.
     """
-    models: list[type[BaseModel]] = [Scenario]
+    models: list[type[BaseModel]] = [root or Scenario]
     for part in loc[:-1]:
         fields = {name: f for m in models for name, f in m.model_fields.items()}
         if isinstance(part, str) and part in fields:

@@ -8,6 +8,7 @@
     simbatch sweep SCENARIO.yaml      a grid of parameters x replications, locally or on Dask
     simbatch capacity-search ...      the highest arrival rate that meets the SLOs
     simbatch placement SCENARIO.yaml  the best prefill:decode split of N replicas (disaggregated)
+    simbatch plan SCENARIO.yaml       the cheapest fleet (GPU, settings, replicas) that meets the SLOs
     simbatch presets                  the model and GPU cards behind device.preset
     simbatch calibrate FILE...        device costs fitted to per-step timings or vllm bench serve results
     simbatch replay RESULT.json       a vllm bench serve run simulated, beside what it measured
@@ -29,6 +30,7 @@ from simbatch.app.cli.explore import explore
 from simbatch.app.cli.hardware import calibrate, presets
 from simbatch.app.cli.inspect import schema, validate
 from simbatch.app.cli.placement import placement
+from simbatch.app.cli.plan import plan
 from simbatch.app.cli.replay import replay
 from simbatch.app.cli.run import compare, run
 from simbatch.app.cli.sweep import register as register_sweep
@@ -46,6 +48,7 @@ for command in (run, compare):
 for command in (validate, schema, capacity, presets, calibrate, replay, placement):
     app.command()(command)
 register_sweep(app)
+app.command()(plan)
 app.command()(view)
 app.command()(explore)
 

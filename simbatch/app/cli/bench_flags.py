@@ -96,16 +96,21 @@ def _number(flag: str, text: str, what: str) -> float:
     return value
 
 
-def goodput_overrides(items: list[str]) -> list[str]:
-    """``["ttft:500 tpot:50"]`` -> ``["slo.ttft_ms=500.0", "slo.tpot_ms=50.0"]``."""
-    out = []
+def goodput_limits(items: list[str]) -> dict[str, float]:
+    """``["ttft:500 tpot:50"]`` -> ``{"ttft": 500.0, "tpot": 50.0}`` (ms)."""
+    out = {}
     for pair in (p for item in items for p in item.split()):
         metric, sep, limit = pair.partition(":")
         if not sep or metric not in GOODPUT_METRICS:
             raise BadInput(f"--goodput {pair}: expected METRIC:MS with METRIC one of {', '.join(GOODPUT_METRICS)}, "
                            "e.g. --goodput 'ttft:500 tpot:50'")
-        out.append(f"slo.{metric}_ms={_limit_ms(pair, metric, limit)!r}")
+        out[metric] = _limit_ms(pair, metric, limit)
     return out
+
+
+def goodput_overrides(items: list[str]) -> list[str]:
+    """``["ttft:500 tpot:50"]`` -> ``["slo.ttft_ms=500.0", "slo.tpot_ms=50.0"]``."""
+    return [f"slo.{metric}_ms={limit!r}" for metric, limit in goodput_limits(items).items()]
 
 
 def _limit_ms(pair: str, metric: str, limit: str) -> float:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from simbatch.app.text import printable
+from simbatch.app.text import mean_ci, printable
 
 if TYPE_CHECKING:
     from simbatch.app.sweep.runner import Executor
@@ -46,6 +46,10 @@ OutOpt = Annotated[Path | None, typer.Option(
 NoPlotsOpt = Annotated[bool, typer.Option("--no-plots", help="Write the CSV files only, no plots.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="For scripts: print one JSON document on stdout (the folder and "
                                                       "every row of the table) and nothing else there.")]
+SloOpt = Annotated[list[str] | None, typer.Option(
+    "--slo", metavar="METRIC_STAT_ms=LIMIT",
+    help="An SLO, repeatable: ttft/tpot/itl/e2el with mean/median/p50/p90/p99 or any pN, e.g. ttft_p99_ms=500 "
+         "(vLLM's p99_ttft_ms also works). It holds when the replications' mean meets it.")]
 
 _WRITING: list[Path] = []  # the folder the command writes its runs to, once it is known (to say how to resume)
 ForceOpt = Annotated[bool, typer.Option(
@@ -203,17 +207,6 @@ MAIN_METRICS = (("req/s", "request_throughput"), ("goodput req/s", "request_good
                 ("p99 TTFT ms", "p99_ttft_ms"), ("mean TPOT ms", "mean_tpot_ms"), ("p99 E2EL ms", "p99_e2el_ms"))
 
 
-def _number(value: float) -> str:
-    """Four significant digits, but whole thousands with separators (12,340 rather than 1.234e+04)."""
-    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
-
-
-def _mean_ci(mean: float, ci: float) -> str:
-    if math.isnan(mean):
-        return "-"
-    return _number(mean) if math.isnan(ci) else f"{_number(mean)} ± {_number(ci)}"
-
-
 def _print_table(frame, keys: list[str], title: str) -> None:
     """The main metrics of every point of a sweep, mean ± 95 % CI, as a table on stdout."""
     from rich.console import Console
@@ -230,17 +223,14 @@ def _print_table(frame, keys: list[str], title: str) -> None:
         if row["replications"] == 0:
             table.add_row(*cells, *(["failed"] + [""] * (len(metrics) - 1)))
             continue
-        table.add_row(*cells, *(_mean_ci(row[f"{m}_mean"], row[f"{m}_ci95"]) for _, m in metrics))
+        table.add_row(*cells, *(mean_ci(row[f"{m}_mean"], row[f"{m}_ci95"]) for _, m in metrics))
     Console(width=max(100, 12 * len(keys) + 20 * len(metrics))).print(table)
 
 
 @_reports_bad_input
 def capacity_search(
     scenario: ScenarioArg,
-    slo: Annotated[list[str] | None, typer.Option(
-        "--slo", metavar="METRIC_STAT_ms=LIMIT",
-        help="An SLO, repeatable: ttft/tpot/itl/e2el with mean/median/p50/p90/p99, e.g. ttft_p99_ms=500 "
-             "(vLLM's p99_ttft_ms also works). It holds when the replications' mean meets it.")] = None,
+    slo: SloOpt = None,
     param: ParamOpt = None,
     set_: SetOpt = None,
     replications: ReplicationsOpt = 3,

@@ -94,6 +94,10 @@ class SLO:
         """The summary key it constrains (vLLM's spelling)."""
         return f"{self.stat}_{self.metric}_ms"
 
+    def holds(self, value: float) -> bool:
+        """Whether a value of the statistic meets the SLO; NaN (no request completed) does not."""
+        return value <= self.limit_ms
+
     @property
     def percentile(self) -> float | None:
         """The percentile a pN SLO needs the runs to compute beyond the summary's own (p90, p99); else None."""
@@ -175,13 +179,14 @@ class Search:
         return None if self.hi - self.lo <= self.tolerance * self.hi else (self.lo + self.hi) / 2
 
     def record(self, rate: float, combined: dict[str, Any], slos: list[SLO]) -> None:
+        """The replications at ``rate``: it becomes ``lo`` when every SLO holds, else ``hi``. Anything
+        with a ``key`` and a ``holds(value)`` serves as an SLO (``simbatch plan``'s limits do)."""
         self.probes += 1
         if combined["replications"] == 0:
             self.error = f"at {rate:.4g} req/s: {combined['error']}"
             return
         values = {s.key: combined.get(f"{s.key}_mean", math.nan) for s in slos}
-        # NaN (no request completed) compares False: an SLO nobody met does not hold.
-        met = all(values[s.key] <= s.limit_ms for s in slos)
+        met = all(s.holds(values[s.key]) for s in slos)
         self.trace.append({**param_cells(self.config.values), "rate": rate, **values, "met": met})
         if met:
             self.lo, self.at_lo = rate, combined
