@@ -1,7 +1,8 @@
 """The teaching notebooks: each runs top to bottom in a fresh kernel, and the committed copies carry outputs.
 
-CI executes every notebook with ``SIMBATCH_NOTEBOOK_SMALL=1`` (short horizons): about 35 s for the
-first seven on an idle 2-core machine. ``make notebooks`` runs them at full size and saves the outputs.
+CI executes every notebook with ``SIMBATCH_NOTEBOOK_SMALL=1`` (short horizons): about 113 s of CPU for
+the sixteen, kernel starts included (87 s for the twelve of the second edition, measured side by side).
+``make notebooks`` runs them at full size and saves the outputs.
 """
 
 from __future__ import annotations
@@ -37,11 +38,15 @@ LESSONS = [
     "05_chunked_prefill.ipynb",
     "06_policies_and_fairness.ipynb",
     "07_tails_slos_goodput.ipynb",
-    "08_batching_server_as_a_queue.ipynb",
-    "09_bursts_and_real_traces.ipynb",
-    "10_fleets_and_pooling.ipynb",
-    "11_from_a_model_and_a_gpu.ipynb",
-    "12_build_your_own_scheduler.ipynb",
+    "08_one_at_a_time_queues.ipynb",
+    "09_batching_server_as_a_queue.ipynb",
+    "10_bursts_and_real_traces.ipynb",
+    "11_fleets_and_pooling.ipynb",
+    "12_from_a_model_and_a_gpu.ipynb",
+    "13_build_your_own_scheduler.ipynb",
+    "14_prefix_caching.ipynb",
+    "15_disaggregated_prefill_decode.ipynb",
+    "16_speculative_decoding_roofline.ipynb",
 ]
 SMALL_LINE = 'SMALL = os.environ.get("SIMBATCH_NOTEBOOK_SMALL") == "1"'
 
@@ -100,10 +105,14 @@ def _is_blank_prediction(cell) -> bool:
             and all(isinstance(v, ast.Constant) and v.value is None for v in stmt.value.values))
 
 
+REVEAL = "reveal(my_prediction"
+
+
 def _form_problems(nb: nbformat.NotebookNode) -> list[str]:
     """What a lesson lacks of the common form: learning objectives in its first cell, at least two
     "Predict first." questions each answered by a blank ``my_prediction`` cell before the next cell
-    that computes, and takeaways right before the exercises."""
+    that computes, each prediction revealed (``reveal(my_prediction, ...)``, simbatch.app.teaching.reveal)
+    before the next one is asked, and takeaways right before the exercises."""
     problems = []
     first = nb.cells[0]
     if first.cell_type != "markdown" or LEARN not in first.source:
@@ -117,6 +126,10 @@ def _form_problems(nb: nbformat.NotebookNode) -> list[str]:
         after = next((c for c in nb.cells[i + 1:] if c.cell_type == "code"), None)
         if after is None or not _is_blank_prediction(after):
             problems.append(f"cell {i} asks {PREDICT!r}, but the next code cell is not a blank {PREDICTION} = {{...: None}}")
+    blanks = [i for i, c in enumerate(nb.cells) if _is_blank_prediction(c)]
+    for i, j in zip(blanks, [*blanks[1:], len(nb.cells)], strict=True):
+        if not any(c.cell_type == "code" and REVEAL in c.source for c in nb.cells[i + 1:j]):
+            problems.append(f"the prediction of cell {i} is never revealed: no {REVEAL}, ...) before the next one")
     headings = [line for c in nb.cells if c.cell_type == "markdown" for line in c.source.splitlines()
                 if line.startswith("## ")]
     at = headings.index("## Exercises") if "## Exercises" in headings else None
@@ -157,6 +170,10 @@ def test_the_form_check_names_each_missing_part():
         for c in asked[1:]:
             c.source = c.source.replace(PREDICT, "**Predict.**")
 
+    def never_reveal(nb):
+        for c in nb.cells:
+            c.source = c.source.replace(REVEAL, "print(my_prediction")
+
     def drop_takeaways(nb):
         cell = next(c for c in nb.cells if "## Takeaways" in c.source)
         cell.source = cell.source.replace("## Takeaways", "Takeaways:")
@@ -168,6 +185,8 @@ def test_the_form_check_names_each_missing_part():
         assert "but the next code cell is not a blank my_prediction" in problem, edit.__name__
     assert without(ask_only_once) == [f"1 {PREDICT!r} question(s), not at least two"]
     assert without(drop_takeaways) == ["'## Takeaways' is not the heading right before '## Exercises'"]
+    unrevealed = without(never_reveal)
+    assert unrevealed and all("is never revealed" in p for p in unrevealed)
 
 
 @pytest.mark.parametrize("name", LESSONS)
@@ -241,13 +260,29 @@ def test_widgets_are_not_saved_and_the_runner_draws_no_slider_panel(tmp_path):
     assert nb.cells[1].outputs[0].text == "True\n"
 
 
-@pytest.mark.parametrize("name", ["01_littles_law_and_stability.ipynb", "08_batching_server_as_a_queue.ipynb"])
+SLIDERS = {"01_littles_law_and_stability.ipynb": ("widgets.sliders(", "widgets.explore("),
+           "03_throughput_curve.ipynb": ("tradeoffs.throughput_sliders(", "tradeoffs.throughput_curve("),
+           "05_chunked_prefill.ipynb": ("tradeoffs.chunk_sliders(", "tradeoffs.chunk_tradeoff("),
+           "07_tails_slos_goodput.ipynb": ("tradeoffs.goodput_sliders(", "tradeoffs.goodput_curve("),
+           "09_batching_server_as_a_queue.ipynb": ("widgets.sliders(", "widgets.explore("),
+           "11_fleets_and_pooling.ipynb": ("tradeoffs.staleness_sliders(", "tradeoffs.staleness(")}
+
+
+def test_the_lessons_with_sliders_are_these():
+    assert [n for n in LESSONS if "_sliders(" in (text := "".join(c.source for c in _code_cells(_read(n))))
+            or "widgets.sliders(" in text] == list(SLIDERS)
+
+
+@pytest.mark.parametrize("name", list(SLIDERS))
 def test_lessons_with_sliders_keep_a_static_figure(name):
-    """The sliders cell follows a cell that draws widgets.explore's figure, which a viewer without a kernel shows."""
+    """The sliders cell follows a cell that draws the same figure at the sliders' start, which a viewer
+    without a kernel shows (the headless runner builds no panel)."""
+    panel, figure = SLIDERS[name]
     cells = _code_cells(_read(name))
-    at = next(i for i, c in enumerate(cells) if "widgets.sliders(" in c.source)
-    assert "widgets.explore(" in cells[at - 1].source
+    at = next(i for i, c in enumerate(cells) if panel in c.source)
+    assert figure in cells[at - 1].source
     assert any("image/png" in o.get("data", {}) for o in cells[at - 1].outputs)
+    assert cells[at].outputs == []  # no panel, no widget state saved
 
 
 def _hidden(cell) -> bool:
@@ -311,7 +346,7 @@ QUOTED = [
     ("01_littles_law_and_stability.ipynb", "against 14.7 s\n  simulated", r"B = 50\.0, W = 15\.0 s; simulated mean E2E 14\.7 s"),
     ("01_littles_law_and_stability.ipynb", "about 3.9 requests/s, not 20", r"= 20\.1 req/s\n.*= 3\.86 req/s \(μ = 3\.90\)"),
     ("02_static_dynamic_continuous.ipynb", r"$H_{32} \approx 4.06$", r"H_32 = 4\.06x"),
-    ("02_static_dynamic_continuous.ipynb", "about 6 sequences computing, of 32 slots", r"static +output throughput +\d+ tokens/s, mean live batch 5\.9"),
+    ("02_static_dynamic_continuous.ipynb", "about 6 sequences computing, of 32 slots", r"static +mean live batch 5\.9 of 32 slots"),
     ("02_static_dynamic_continuous.ipynb", "batches start with about 15 of the",
      r"rate 1\.5 req/s\n(.*\n)*?  dynamic, 10 ms window .* batches start with 15\.4 of 32"),
     ("02_static_dynamic_continuous.ipynb", "over 80 % of the decode slot-steps are idle",
@@ -340,93 +375,132 @@ QUOTED = [
     ("07_tails_slos_goodput.ipynb", "Goodput tracks throughput up to 2.5 requests/s",
      r"2\.50 +2\.50 +2\.50 .*\n3\.00 +2\.95 +2\.05 .*\n3\.25 +3\.21 +1\.64 +29\.95 .*\n3\.50 +3\.45 +0\.71 +31\.42"),
     ("07_tails_slos_goodput.ipynb", "at about 2.7 requests/s, 69 % of capacity", r"up to 2\.68 req/s \(69% of capacity 3\.90\)"),
-    ("08_batching_server_as_a_queue.ipynb", "wait almost twice as long", r"exponential answers wait 1\.90x as long"),
-    ("08_batching_server_as_a_queue.ipynb", "Both estimates cover the formula's 85 ms",
+    ("08_one_at_a_time_queues.ipynb", "wait almost twice as long", r"exponential answers wait 1\.90x as long"),
+    ("08_one_at_a_time_queues.ipynb", "Both estimates cover the formula's 85 ms",
      r"saves 85 ms of mean wait\n +common random numbers: 89 ± 7 ms .*\n +independent seeds: +101 ± 29 ms"),
-    ("08_batching_server_as_a_queue.ipynb", "(±7 ms against ±29 ms)", r"common random numbers: 89 ± 7 ms"),
-    ("08_batching_server_as_a_queue.ipynb", "pulls the mean down by more than\nits own interval",
+    ("08_one_at_a_time_queues.ipynb", "(±7 ms against ±29 ms)", r"common random numbers: 89 ± 7 ms"),
+    ("09_batching_server_as_a_queue.ipynb", "pulls the mean down by more than\nits own interval",
      r"mean latency 14\.44 s(.*\n)+ +every request +mean E2E 14\.21 ± 0\.08 s\n +arrivals in .* mean E2E 14\.38 ± 0\.09 s"),
-    ("08_batching_server_as_a_queue.ipynb", "too low for\nvery bursty arrivals, too high for very smooth ones",
+    ("08_one_at_a_time_queues.ipynb", "too low for\nvery bursty arrivals, too high for very smooth ones",
      r"4\.00 +0\.2 +941\.7 +1133\.7 +60\.8 +-16\.9\n(.*\n)+0\.25 +4\.0 +58\.9 +38\.3 +0\.8 +53\.5"),
-    ("08_batching_server_as_a_queue.ipynb", "fixed 500-token answers take 14.4 s on\naverage",
+    ("09_batching_server_as_a_queue.ipynb", "fixed 500-token answers take 14.4 s on\naverage",
      r"3\.0 +0\.77 +14\.29 +14\.44 +0\.01 +14\.42 +0\.09"),
-    ("08_batching_server_as_a_queue.ipynb", "(15.7 s against 16.0 s, outside their interval)",
+    ("09_batching_server_as_a_queue.ipynb", "(15.7 s against 16.0 s, outside their interval)",
      r"3\.5 +0\.90 +15\.38 +16\.03 +0\.19 +15\.68 +0\.13"),
-    ("08_batching_server_as_a_queue.ipynb", "(18.0 s against 20.3 and 20.5 s)",
+    ("09_batching_server_as_a_queue.ipynb", "(18.0 s against 20.3 and 20.5 s)",
      r"3\.8 +0\.97 +16\.13 +23\.16 +0\.70 +17\.98 +0\.73 +20\.25 +2\.52 +20\.55"),
-    ("08_batching_server_as_a_queue.ipynb", "already busy some 40 % of the time",
+    ("09_batching_server_as_a_queue.ipynb", "already busy some 40 % of the time",
      r"0\.05 +0\.013 +0\.397 +0\.407"),
-    ("08_batching_server_as_a_queue.ipynb", "(13.5 s against the chain's 14.5 s)",
+    ("09_batching_server_as_a_queue.ipynb", "(13.5 s against the chain's 14.5 s)",
      r"offered load 0\.77; chain 14\.5 s, measured mean E2E 13\.5 s"),
-    ("09_bursts_and_real_traces.ipynb", "from about 60 ms to about 7 s", r"stable +offered load 0\.77, p99 TTFT 60\.5 ms"
+    ("10_bursts_and_real_traces.ipynb", "from about 60 ms to about 7 s", r"stable +offered load 0\.77, p99 TTFT 60\.5 ms"
      r"(.*\n)bursty +offered load 0\.77, p99 TTFT 7,040\.9 ms"),
-    ("09_bursts_and_real_traces.ipynb", "(goodput 2.09\nof 3.01 requests/s)", r"goodput 2\.09 of 3\.01 req/s"),
-    ("09_bursts_and_real_traces.ipynb", "about 40 of its 64 slots", r"mean batch +40\.5 +44\.0"),
-    ("09_bursts_and_real_traces.ipynb", "up to 67 requests in one second\nand 327 in one ten-second window",
+    ("10_bursts_and_real_traces.ipynb", "(goodput 2.09\nof 3.01 requests/s)", r"goodput 2\.09 of 3\.01 req/s"),
+    ("10_bursts_and_real_traces.ipynb", "about 40 of its 64 slots", r"mean batch +40\.5 +44\.0"),
+    ("10_bursts_and_real_traces.ipynb", "up to 67 requests in one second\nand 327 in one ten-second window",
      r"most arrivals in 1 s +16\.00 +67\.00\nmost arrivals in 10 s +98\.00 +327\.00"),
-    ("09_bursts_and_real_traces.ipynb", "nearly uncorrelated (0.09 and 0.00)", r"corr\(log prompt, log output\) +0\.09 +-0\.00"),
-    ("09_bursts_and_real_traces.ipynb", "(p99 TTFT 434 ms against 1.7 to 4.7 s)",
+    ("10_bursts_and_real_traces.ipynb", "nearly uncorrelated (0.09 and 0.00)", r"corr\(log prompt, log output\) +0\.09 +-0\.00"),
+    ("10_bursts_and_real_traces.ipynb", "(p99 TTFT 434 ms against 1.7 to 4.7 s)",
      r"conversation: p99 TTFT 434 ms replayed; 5 Poisson twins 1,722 to 4,737 ms"),
-    ("09_bursts_and_real_traces.ipynb", "a p99 TTFT of about 16 s, and more than a third of\nthe requests miss 500 ms",
-     r"code: p99 TTFT 16,315 ms replayed; 5 Poisson twins 301 to 335 ms(.*\n)+TTFT <= 500 ms \(%\) .* 62\.97"),
-    ("09_bursts_and_real_traces.ipynb", "(16 s, 23 s, 37 s), but its\n*median* explodes (0.3 s, 1.9 s, 10.4 s)",
+    ("10_bursts_and_real_traces.ipynb", "give a p99 TTFT of about 15 to 16 s",
+     r"code: p99 TTFT 16,315 ms replayed; 5 Poisson twins 301 to 335 ms\ncode: 5 seeds of its own times with lengths "
+     r"shuffled 14,840 to 16,177 ms; 5 i\.i\.d\. twins 302 to 318 ms(.*\n)+TTFT <= 500 ms \(%\) .* 62\.97"),
+    ("10_bursts_and_real_traces.ipynb", "(10 to 18 s)", r"conversation: 5 seeds of its own times with lengths shuffled "
+     r"10,412 to 17,706 ms; 5 i\.i\.d\. twins 259 to 273 ms"),
+    ("10_bursts_and_real_traces.ipynb", "its p99 TTFT is 259 to 273 ms", r"5 i\.i\.d\. twins 259 to 273 ms"),
+    ("10_bursts_and_real_traces.ipynb", "(correlation −0.84 over 60-second windows)",
+     r"corr\(arrivals, mean output\), 60 s windows +-0\.84 +0\.03"),
+    ("10_bursts_and_real_traces.ipynb", "1.77 times as long by mean (1.44 by median)",
+     r"code prompts are 1\.77x the conversation's by mean, 1\.44x by median"),
+    ("10_bursts_and_real_traces.ipynb", "(16 s, 23 s, 37 s), but its\n*median* explodes (0.3 s, 1.9 s, 10.4 s)",
      r"1\.00 +trace +0\.14 +278\.18 +1313\.43 +16315\.15(.*\n)+0\.50 +trace +0\.28 +1892\.67 +4252\.25 +23373\.61"
-     r"(.*\n)+0\.25 +trace +0\.57 +10416\.00 +12473\.74 +36930\.54 .*\n +Poisson twin +0\.57 +166\.05 +238\.09 +1120\.42"),
-    ("10_fleets_and_pooling.ipynb", "the shared\nqueue would wait about five times less",
+     r"(.*\n)+0\.25 +trace +0\.57 +10416\.00 +12473\.74 +36930\.54 .*\n +i\.i\.d\. twin +0\.57 +171\.47 +225\.99 +927\.99"),
+    ("11_fleets_and_pooling.ipynb", "the shared\nqueue would wait about five times less",
      r"separate queues \(P-K at λ/4\): Wq = 768 ms\n.*Wq = 143 ms, 5\.4x less(.*\n)+random +770\.37"),
-    ("10_fleets_and_pooling.ipynb", "(59 ms against random's 1.1 s)",
+    ("11_fleets_and_pooling.ipynb", "(59 ms: the rest of the step in flight",
      r"0\.8 +random +14\.551 +76\.089 +1072\.842(.*\n){2} +power_of_two +14\.427 +42\.890 +58\.564"),
-    ("10_fleets_and_pooling.ipynb", "(p99 about\n0.3 s, against 5.9 s)",
+    ("11_fleets_and_pooling.ipynb", "(p99 about\n0.3 s, against 5.9 s)",
      r"0\.9 +random .* 5908\.468(.*\n){2} +power_of_two .* 366\.096 .*\n +least_outstanding .* 313\.004"),
-    ("10_fleets_and_pooling.ipynb", "(between 0.3 and 1 s here)",
+    ("11_fleets_and_pooling.ipynb", "(between 0.3 and 1 s here)",
      r"mean wait 770 ms(.*\n)+ +300 +4\.8 +572\.7(.*\n) +1000 +15\.9 +1390\.4"),
-    ("10_fleets_and_pooling.ipynb", "once the signal is a few seconds old (at 3 s here)",
+    ("11_fleets_and_pooling.ipynb", "once the signal is a few seconds old (at 3 s here)",
      r"power_of_two +0 (.*\n){3} +1000 +15\.9 +654\.7 .*\n +3000 +47\.6 +1216\.2"),
-    ("11_from_a_model_and_a_gpu.ipynb", "The spec sheet gives 4.79 ms; the preset says 7.58 ms", r"= 4\.79 ms\n(.*\n)*sum 7\.58 ms; the preset's tau0_ms 7\.58 ms"),
-    ("11_from_a_model_and_a_gpu.ipynb", "3,350 GB/s (6.22 ms)", r"weights at 77% of peak bandwidth +6\.223\n"),
-    ("11_from_a_model_and_a_gpu.ipynb", "(0.71 ms for 32 layers)", r"step overhead \(launch, scheduling\) +0\.648\n32 layers x 22\.2 µs +0\.710"),
-    ("11_from_a_model_and_a_gpu.ipynb", "about 1.6 times as much", r"1\.58x the spec-sheet figure"),
-    ("11_from_a_model_and_a_gpu.ipynb", "= 131{,}072", r"KV per token 131,072 bytes \(preset: 131,072\)"),
-    ("11_from_a_model_and_a_gpu.ipynb", "its median error is 15–24 % per dataset on whole",
+    ("12_from_a_model_and_a_gpu.ipynb", "The spec sheet gives 4.79 ms; the preset says 7.58 ms", r"= 4\.79 ms\n(.*\n)*sum 7\.58 ms; the preset's tau0_ms 7\.58 ms"),
+    ("12_from_a_model_and_a_gpu.ipynb", "3,350 GB/s (6.22 ms)", r"weights at 77% of peak bandwidth +6\.223\n"),
+    ("12_from_a_model_and_a_gpu.ipynb", "(0.71 ms for 32 layers)", r"step overhead \(launch, scheduling\) +0\.648\n32 layers x 22\.2 µs +0\.710"),
+    ("12_from_a_model_and_a_gpu.ipynb", "about 1.6 times as much", r"1\.58x the spec-sheet figure"),
+    ("12_from_a_model_and_a_gpu.ipynb", "= 131{,}072", r"KV per token 131,072 bytes \(preset: 131,072\)"),
+    ("12_from_a_model_and_a_gpu.ipynb", "its median error is 15–24 % per dataset on whole",
      r"median error per dataset: 15% to 24% on steps and layers, 3% to 4% on attention kernels"),
-    ("11_from_a_model_and_a_gpu.ipynb", "the presets' median error is 15–24 % per dataset", r"median error per dataset: 15% to 24% on steps"),
-    ("11_from_a_model_and_a_gpu.ipynb", "this GPU makes a sequence about 264", r"tau0 / beta = 264:"),
-    ("11_from_a_model_and_a_gpu.ipynb", "62.5 GiB per\nstep: 4.2 times the weights", r"reads 62\.5 GiB per step, 4\.2x the weights"),
-    ("11_from_a_model_and_a_gpu.ipynb", "at about 3,000 tokens", r"the context read equals tau0 at 2,980 tokens per sequence"),
-    ("11_from_a_model_and_a_gpu.ipynb", "the step takes 29.8 ms instead of 9.4 ms", r"context +0: step +9\.4 ms(.*\n)+ +context +8,000: step +29\.8 ms"),
-    ("11_from_a_model_and_a_gpu.ipynb", "falls from 34,861 tokens/s with no context to 2,885",
-     r"context +0: .* roofline +34,861\n(.*\n)+ +context +8,000: .* roofline +2,885"),
-    ("11_from_a_model_and_a_gpu.ipynb", "One H100 carries about 48 chat requests/s", r"limited by compute; capacity 47\.7 req/s"),
-    ("11_from_a_model_and_a_gpu.ipynb", "30 µs per output token against 29 µs of β and 15 µs",
+    ("12_from_a_model_and_a_gpu.ipynb", "the presets' median error is 15–24 % per dataset", r"median error per dataset: 15% to 24% on steps"),
+    ("12_from_a_model_and_a_gpu.ipynb", "this GPU makes a sequence about 264", r"tau0 / beta = 264:"),
+    ("12_from_a_model_and_a_gpu.ipynb", "62.5 GiB per\nstep: 4.2 times the weights", r"reads 62\.5 GiB per step, 4\.2x the weights"),
+    ("12_from_a_model_and_a_gpu.ipynb", "at about 3,000 tokens", r"the context read equals tau0 at 2,980 tokens per sequence"),
+    ("12_from_a_model_and_a_gpu.ipynb", "the step takes 27.2 ms instead of 9.4 ms", r"context +0: step +9\.4 ms(.*\n)+ +context +7,000: step +27\.2 ms"),
+    ("12_from_a_model_and_a_gpu.ipynb", "falls from 34,861 tokens/s with no context to 3,259",
+     r"context +0: .* roofline +34,861(.*\n)+ +context +7,000: .* roofline +3,259; the cache holds 64 sequences"),
+    ("12_from_a_model_and_a_gpu.ipynb", "One H100 carries about 48 chat requests/s", r"limited by compute; capacity 47\.7 req/s"),
+    ("12_from_a_model_and_a_gpu.ipynb", "30 µs per\noutput token against 29 µs of β and 15 µs",
      r"tau0 / B \(shared\) 29\.6 µs, beta 28\.7 µs, delta c_bar 14\.5 µs"),
-    ("11_from_a_model_and_a_gpu.ipynb", "would promise 55.5 requests/s", r"\(delta = epsilon = 0\): capacity 55\.5 req/s"),
-    ("11_from_a_model_and_a_gpu.ipynb", "stays under 100 ms", r"30 +0\.63 +[\d.]+ +[\d.]+ +71\.24\n40 +0\.84 +[\d.]+ +[\d.]+ +93\.08\n"),
-    ("11_from_a_model_and_a_gpu.ipynb", "at 46 (offered load 0.96) it is already half a second",
+    ("12_from_a_model_and_a_gpu.ipynb", "would promise 55.5 requests/s", r"\(delta = epsilon = 0\): capacity 55\.5 req/s"),
+    ("12_from_a_model_and_a_gpu.ipynb", "stays under 100 ms", r"30 +0\.63 +[\d.]+ +[\d.]+ +71\.24\n40 +0\.84 +[\d.]+ +[\d.]+ +93\.08\n"),
+    ("12_from_a_model_and_a_gpu.ipynb", "at 46 (offered load 0.96) it is already\nhalf a second",
      r"46 +0\.96 +[\d.]+ +[\d.]+ +520\.09"),
-    ("11_from_a_model_and_a_gpu.ipynb", "at 50 requests/s the p99 TTFT is 5 s", r"50 +1\.05 +[\d.]+ +[\d.]+ +4988\.56"),
-    ("11_from_a_model_and_a_gpu.ipynb", "(+107 %)", r"128-token prompts \+107%, 1024-token prompts \+40%, 4096-token prompts \+6%"),
-    ("11_from_a_model_and_a_gpu.ipynb", "four times the slots buy +40 %", r"1024-token prompts \+40%"),
-    ("11_from_a_model_and_a_gpu.ipynb", "they\nbuy +6 %", r"4096-token prompts \+6%"),
-    ("11_from_a_model_and_a_gpu.ipynb", "(its memory batch is 107)", r"4096 +64 .*\n +256 +compute +0\.09 +106\.94"),
-    ("11_from_a_model_and_a_gpu.ipynb", "on the closed form within\n3 %", r"largest gap between measured and closed form: 2\.5% \(prompt 4096, 256 slots\)"),
-    ("11_from_a_model_and_a_gpu.ipynb", "About 452,000 tokens of KV cache, 28,279 blocks", r"num_blocks: auto -> 28,279 blocks, 452,464 tokens"),
-    ("11_from_a_model_and_a_gpu.ipynb", "some 1,200 chat requests", r"memory batch at c_bar = 364: 1217 requests"),
-    ("11_from_a_model_and_a_gpu.ipynb", "fp8 weights free 7.5 GiB", r"llama-3.1-8b/H100-SXM +14\.96 +55\.23(.*\n)llama-3.1-8b/H100-SXM/fp8 +7\.48 +62\.71"),
-    ("11_from_a_model_and_a_gpu.ipynb", "less than a tenth of the H100's", r"H100-SXM +14\.96 +55\.23 +128\.0 +452464(.*\n)+.*L4 +14\.96 +4\.83 +128\.0 +39584"),
-    ("11_from_a_model_and_a_gpu.ipynb", "about 489,000 tokens", r"llama-3.1-70b/H100-SXM/tp4 +32\.88 +37\.28 +80\.0 +488672"),
-    ("11_from_a_model_and_a_gpu.ipynb", "τ0 comes back within 1 % and γ within 3 %; β is off by\nabout a third",
+    ("12_from_a_model_and_a_gpu.ipynb", "at 50 requests/s the p99\nTTFT is 5 s", r"50 +1\.05 +[\d.]+ +[\d.]+ +4988\.56"),
+    ("12_from_a_model_and_a_gpu.ipynb", "(+107 %)", r"128-token prompts \+107%, 1024-token prompts \+40%, 4096-token prompts \+6%"),
+    ("12_from_a_model_and_a_gpu.ipynb", "four times the slots buy +40 %", r"1024-token prompts \+40%"),
+    ("12_from_a_model_and_a_gpu.ipynb", "they\nbuy +6 %", r"4096-token prompts \+6%"),
+    ("12_from_a_model_and_a_gpu.ipynb", "(its memory batch is 107)", r"4096 +64 .*\n +256 +compute +0\.09 +106\.94"),
+    ("12_from_a_model_and_a_gpu.ipynb", "on the closed form within\n3 %", r"largest gap between measured and closed form: 2\.5% \(prompt 4096, 256 slots\)"),
+    ("12_from_a_model_and_a_gpu.ipynb", "About 452,000 tokens of KV cache, 28,279 blocks", r"num_blocks: auto -> 28,279 blocks, 452,464 tokens"),
+    ("12_from_a_model_and_a_gpu.ipynb", "some 1,200 chat requests", r"memory batch at c_bar = 364: 1217 requests"),
+    ("12_from_a_model_and_a_gpu.ipynb", "fp8 weights free 7.5 GiB", r"llama-3.1-8b/H100-SXM +14\.96 +55\.23(.*\n)llama-3.1-8b/H100-SXM/fp8 +7\.48 +62\.71"),
+    ("12_from_a_model_and_a_gpu.ipynb", "less than a tenth of the H100's", r"H100-SXM +14\.96 +55\.23 +128\.0 +452464(.*\n)+.*L4 +14\.96 +4\.83 +128\.0 +39584"),
+    ("12_from_a_model_and_a_gpu.ipynb", "about 489,000 tokens", r"llama-3.1-70b/H100-SXM/tp4 +32\.88 +37\.28 +80\.0 +488672"),
+    ("12_from_a_model_and_a_gpu.ipynb", "τ0 comes back within 1 % and γ within 3 %; β is off by\nabout a third",
      r"tau0_ms +7\.581 +7\.544 .* -0\.4887\nbeta_ms .* 30\.31\nprefill_ms_per_token .* 2\.288"),
-    ("11_from_a_model_and_a_gpu.ipynb", "0.079 ms, nearly three times the true β", r"beta_ms +0\.02869 +0\.03738 +0\.0787 "),
-    ("11_from_a_model_and_a_gpu.ipynb", "the closed form says 1.96×, the\nrun 1.95×", r"B = +1: closed form 1\.96x, simulated 1\.95x"),
-    ("11_from_a_model_and_a_gpu.ipynb", "1.38× at 64 and still 1.08× at 256",
+    ("12_from_a_model_and_a_gpu.ipynb", "0.079 ms, nearly three times the true β", r"beta_ms +0\.02869 +0\.03738 +0\.0787 "),
+    ("12_from_a_model_and_a_gpu.ipynb", "the closed form says 1.96×, the\nrun 1.95×", r"B = +1: closed form 1\.96x, simulated 1\.95x"),
+    ("12_from_a_model_and_a_gpu.ipynb", "1.38× at 64 and still 1.08× at 256",
      r"B = +64: closed form 1\.38x.*\nB = 256: closed form 1\.08x"),
-    ("11_from_a_model_and_a_gpu.ipynb", "only at B = 529", r"speculation stops paying at B = 529"),
-    ("12_build_your_own_scheduler.ipynb", "the differences are some $10^{-12}$ s",
+    ("12_from_a_model_and_a_gpu.ipynb", "only at B = 529", r"speculation stops paying at B = 529"),
+    ("13_build_your_own_scheduler.ipynb", "the differences are some $10^{-12}$ s",
      r"the scaffold: 400 requests; largest difference TTFT \de-1[1-4] s, E2E \de-1[1-4] s; "
      r"mean E2E 7\.720 s \(yours\) vs 7\.720 s \(simbatch\)"),
-    ("12_build_your_own_scheduler.ipynb", "## 3. Your turn: chunks and memory",
+    ("13_build_your_own_scheduler.ipynb", "## 3. Your turn: chunks and memory",
      r"2\. 1,500 blocks: .*E2E \de-1[1-4] s;.*\n +preemptions: 73 \(yours\), 73 \(simbatch\)(.*\n)+"
      r"2\. 1,500 blocks, chunked 512: .*E2E \de-1[1-4] s;.*\n +preemptions: 185 \(yours\), 185 \(simbatch\)"),
+    ("01_littles_law_and_stability.ipynb", "(exercise 3: 13.5 s)", r"longest 13\.5 s"),
+    ("03_throughput_curve.ipynb", "at most 0.39 with 64 slots",
+     r"at most 0\.39 with 64 slots; the pole at 10 req/s, the knee at 3\.90; W_B = 16\.4 s"),
+    ("04_kv_memory_and_preemption.ipynb", "find only a fifth of their blocks again", r"prefix caching spares 20% of the recomputed tokens"),
+    ("04_kv_memory_and_preemption.ipynb", "batching 2.76× predicted against 2.75×",
+     r"what batching buys: predicted 2\.76x, simulated 2\.75x\nwhat memory buys: predicted 4\.77x, simulated 4\.19x\n"
+     r"together: predicted 13\.2x, simulated 11\.5x"),
+    ("05_chunked_prefill.ipynb", "where the additive law charged 1.9 times",
+     r"additive \(simbatch\) +TTFT penalty at C = 512: 1\.90x prefill-first; worst gap 55\.2 ms against 229\.6 ms unchunked\n"
+     r"roofline max \(by hand\) +TTFT penalty at C = 512: 1\.17x prefill-first; worst gap 29\.6 ms against 202\.4 ms"),
+    ("09_batching_server_as_a_queue.ipynb", "sit below the chain's 23.2 s. That gap is not warm-up",
+     r"3\.8 +0\.97 +16\.13 +23\.16 +0\.70 +17\.98 +0\.73 +20\.25 +2\.52"),
+    ("11_fleets_and_pooling.ipynb", "about half of the gain ($(770 - 443)/(770 - 143) = 52$ %)",
+     r"round_robin 52%, power_of_two 80%, least_outstanding 92%"),
+    ("11_fleets_and_pooling.ipynb", "twenty-fold near capacity", r"p99 TTFT, random vs least_outstanding +- +18\.27"),
+    ("12_from_a_model_and_a_gpu.ipynb", r"$\delta\bar c \approx 0.17$ ms per output token", r"delta c_bar = 0\.168 ms per output token"),
+    ("12_from_a_model_and_a_gpu.ipynb", "would need\nabout 1 TiB", r"256 x 32,000 would take 0\.98 TiB"),
+    ("12_from_a_model_and_a_gpu.ipynb", "holds some 440 such sequences", r"the KV cache holds 439 such sequences"),
+    ("12_from_a_model_and_a_gpu.ipynb", r"near $B \approx 60$", r"reaches the ridge \(295 tokens per weight read\) at B = 59"),
+    ("13_build_your_own_scheduler.ipynb", "(69 at 1,200 blocks, 73 at 1,500)",
+     r"3\. 1200 blocks: +69 preemptions, mean E2E 19\.32 s\n3\. 1500 blocks: +73 preemptions, mean E2E 12\.99 s"),
+    ("14_prefix_caching.ipynb", "(offered load 1.42)", r"cache off offered load 1\.42"),
+    ("14_prefix_caching.ipynb", "With it, the offered load is 0.65.", r"cache on  offered load 0\.65"),
+    ("14_prefix_caching.ipynb", "Only about a fifth", r"the cache spares 20% of the recomputation"),
+    ("15_disaggregated_prefill_decode.ipynb", "between 1 and 2 GB/s", r"disaggregation loses from 1 GB/s down, wins at 2 GB/s and up"),
+    ("15_disaggregated_prefill_decode.ipynb", "They agree here on 2P:2D",
+     r"capacity-optimal split 2P:2D(.*\n)+split with the highest goodput +- +2P:2D"),
+    ("16_speculative_decoding_roofline.ipynb", "It reaches 1 at 190 sequences, where the additive law says 529",
+     r"stops paying at B = 529 \(additive\) and B = 190 \(roofline\)"),
+    ("16_speculative_decoding_roofline.ipynb", "(2.77 at $k = 4$", r"E = 2\.773 tokens per step"),
+    ("16_speculative_decoding_roofline.ipynb", "some 40 to 60 sequences", r"with k = 4: B = 43 and 59"),
 ]
 
 
@@ -448,7 +522,7 @@ def test_trace_lesson_runs_without_the_azure_traces(tmp_path, monkeypatch):
     """Where ../shared/data/traces is absent (SIMBATCH_TRACE_DIR names an empty folder here), lesson 9
     says so and replays the shipped sample trace instead of failing."""
     monkeypatch.setenv("SIMBATCH_TRACE_DIR", str(tmp_path))
-    nb = runner.execute(runner.NOTEBOOK_DIR / "09_bursts_and_real_traces.ipynb", small=True)
+    nb = runner.execute(runner.NOTEBOOK_DIR / "10_bursts_and_real_traces.ipynb", small=True)
     assert f"no Azure traces in {tmp_path}: replaying simbatch/data/sample_trace.csv instead" in _printed(nb)
     assert not [o for c in _code_cells(nb) for o in c.outputs if o.output_type == "error"]
 

@@ -1,4 +1,4 @@
-"""The queueing formulas lesson 8 puts next to simulations: Kingman, the processor-sharing fixed
+"""The queueing formulas lessons 8 and 9 put next to simulations: Kingman, the processor-sharing fixed
 point and the birth-death chain of a continuous-batching server, pinned on cases solved by hand."""
 
 from __future__ import annotations

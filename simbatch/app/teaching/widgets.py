@@ -4,7 +4,7 @@
 arrivals of exponential-length answers to ``replicas`` continuous-batching engines of
 ``max_num_seqs`` slots each, one step over ``B`` sequences taking ``tau0 + beta B``. It simulates
 :data:`HORIZON_S` seconds of arrivals (a few hundred requests, well under a second of computing),
-puts the queueing theory of lesson 8 next to the measurement, and draws one figure. A lesson calls it
+puts the queueing theory of lesson 9 next to the measurement, and draws one figure. A lesson calls it
 once with fixed values for a static figure, which is what a notebook viewer without a kernel shows,
 and then :func:`sliders`, which binds :func:`show` to one slider per parameter for a live kernel.
 
@@ -41,7 +41,7 @@ class Exploration:
     """One slider setting: the run, the per-replica prediction and the figure drawn from them.
 
     ``offered_load`` is the stability check's rho (per replica, traffic split evenly).
-    ``predicted_latency_s`` is the mean latency of lesson 8's birth-death chain for one replica at
+    ``predicted_latency_s`` is the mean latency of lesson 9's birth-death chain for one replica at
     lambda / replicas (exact below the slot limit for any length law, random routing's value for a
     fleet, which informed routers beat), or None where rho >= 1 and no steady state exists.
     """
@@ -102,33 +102,40 @@ def sliders(**initial):
     waiting on each other for the whole cell timeout (both idle; jupyter/nbclient#312). The saved
     lesson shows the static figure drawn just before either way.
     """
+    return panel(show, {**DEFAULTS, **initial}, {
+        "rate": ("float", "λ (requests/s)", 0.1, 40.0, 0.1),
+        "mean_output_tokens": ("int", "E[out] (tokens)", 20, 1000, 10),
+        "max_num_seqs": ("int", "B_max (slots)", 1, 256, 1),
+        "tau0_ms": ("float", "τ0 (ms)", 1.0, 50.0, 0.5),
+        "beta_ms": ("float", "β (ms)", 0.0, 1.0, 0.01),
+        "replicas": ("int", "replicas", 1, 8, 1),
+        "router": ROUTERS,
+        "policy": POLICIES,
+    })
+
+
+def panel(callback, values: dict, controls: dict):
+    """``callback`` bound to one control per entry of ``controls``, starting at ``values`` (needs ipywidgets).
+
+    A control is ``(kind, description, low, high, step)`` with kind ``"int"`` or ``"float"`` (a
+    slider), or a tuple of option strings (a menu). In a headless kernel (:data:`HEADLESS_ENV`) no
+    panel is built and None is returned (see :func:`sliders`). Every lesson's sliders come through here.
+    """
     if os.environ.get(HEADLESS_ENV) == "1":
         return None
     import ipywidgets
 
-    v = {**DEFAULTS, **initial}
-
-    def slider(kind, name: str, description: str, **bounds):
-        # Redraw on release, not on every pixel of a drag: each redraw is a whole simulation.
-        return kind(value=v[name], description=description, continuous_update=False,
-                    style={"description_width": "150px"}, layout=ipywidgets.Layout(width="480px"), **bounds)
-
-    def menu(name: str, options: tuple[str, ...]):
-        return ipywidgets.Dropdown(options=options, value=v[name], description=name,
+    def control(name: str, spec):
+        if isinstance(spec[0], str) and spec[0] in ("int", "float"):
+            kind, description, low, high, step = spec
+            # Redraw on release, not on every pixel of a drag: a redraw may be a whole simulation.
+            return (ipywidgets.IntSlider if kind == "int" else ipywidgets.FloatSlider)(
+                value=values[name], min=low, max=high, step=step, description=description, continuous_update=False,
+                style={"description_width": "150px"}, layout=ipywidgets.Layout(width="480px"))
+        return ipywidgets.Dropdown(options=spec, value=values[name], description=name,
                                    style={"description_width": "150px"})
 
-    controls = {
-        "rate": slider(ipywidgets.FloatSlider, "rate", "λ (requests/s)", min=0.1, max=40.0, step=0.1),
-        "mean_output_tokens": slider(ipywidgets.IntSlider, "mean_output_tokens", "E[out] (tokens)",
-                                     min=20, max=1000, step=10),
-        "max_num_seqs": slider(ipywidgets.IntSlider, "max_num_seqs", "B_max (slots)", min=1, max=256),
-        "tau0_ms": slider(ipywidgets.FloatSlider, "tau0_ms", "τ0 (ms)", min=1.0, max=50.0, step=0.5),
-        "beta_ms": slider(ipywidgets.FloatSlider, "beta_ms", "β (ms)", min=0.0, max=1.0, step=0.01),
-        "replicas": slider(ipywidgets.IntSlider, "replicas", "replicas", min=1, max=8),
-        "router": menu("router", ROUTERS),
-        "policy": menu("policy", POLICIES),
-    }
-    return ipywidgets.interactive(show, **controls)
+    return ipywidgets.interactive(callback, **{name: control(name, spec) for name, spec in controls.items()})
 
 
 def _in_system(result: Result, grid_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
