@@ -11,7 +11,7 @@ import pytest
 
 from simbatch.analysis.capacity import stability
 from simbatch.config import Device
-from simbatch.memory.kv import blocks_for, peak_kv_tokens
+from simbatch.memory.blocks import blocks_for, peak_kv_tokens
 from simbatch.model.cost import batch_for_fraction, decode_throughput, roofline_tokens_per_s, step_time_s
 
 CHAPTER = Device(tau0_ms=20.0, beta_ms=0.2)

@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simbatch.config import KVCache
-from simbatch.memory.kv import BlockPool, KVCacheManager
+from simbatch.memory.blocks import BlockPool
+from simbatch.memory.kv import KVCacheManager
 from simbatch.model.request import Request
 
 

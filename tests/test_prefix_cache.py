@@ -16,7 +16,7 @@ from test_cli import invoke
 
 from simbatch.config import KVCache, Prefix
 from simbatch.config.loading import scenario_from_dict
-from simbatch.memory.kv import KVCacheManager
+from simbatch.memory.kv import KVCacheManager, content_of, lookup_blocks
 from simbatch.memory.prefix_cache import SYSTEM_PROMPT, CachingBlockPool, block_key
 from simbatch.simulation import simulate
 from simbatch.workload.prefix import OWN_STREAM, apply_prefix
@@ -32,11 +32,24 @@ def with_system_prompt(request, tokens_: int):
 
 
 # --------------------------------------------------------------------------- the pool
+def publish(pool: CachingBlockPool, request, block_size: int = 4) -> None:
+    """Offer ``request``'s full computed blocks not offered yet, as the KV manager does."""
+    stop = min(request.num_computed_tokens // block_size, len(request.block_ids))
+    if request.num_published_blocks < stop:
+        pool.publish(content_of(request, block_size), request.block_ids, request.num_published_blocks, stop)
+        request.num_published_blocks = stop
+
+
+def lookup(pool: CachingBlockPool, request, block_size: int = 4):
+    """``request``'s cached prefix, as the KV manager looks it up."""
+    return pool.lookup(content_of(request, block_size), lookup_blocks(request, block_size))
+
+
 def computed(pool: CachingBlockPool, request, num_tokens: int, block_size: int = 4):
     """``request`` holding new blocks for ``num_tokens`` computed tokens, published."""
     request.block_ids = pool.allocate(-(-num_tokens // block_size))
     request.num_computed_tokens = num_tokens
-    pool.publish(request, block_size)
+    publish(pool, request, block_size)
     return request
 
 
@@ -64,7 +77,7 @@ def test_one_off_requests_leave_no_index_behind():
         assert pool.num_streams <= 2 * 16 + 64 + 1
     # The last 8 requests' blocks are still cached (16 blocks, 2 each), and found.
     assert sorted(stream for stream, _ in pool.cached) == sorted(2 * [-2 - n for n in range(1_992, 2_000)])
-    assert pool.lookup(req(1_999, 9, 1), 4).tolist() == [pool.cached[(-2 - 1_999, 0)], pool.cached[(-2 - 1_999, 1)]]
+    assert lookup(pool, req(1_999, 9, 1)).tolist() == [pool.cached[(-2 - 1_999, 0)], pool.cached[(-2 - 1_999, 1)]]
 
 
 def test_a_shared_block_returns_to_the_queue_with_its_last_holder():
@@ -116,9 +129,9 @@ def test_a_streams_hints_to_the_system_prompt_follow_it_when_it_is_computed_agai
     c.prefix_stream = 5  # a's conversation goes on: its own blocks are gone, the system prompt is not
     runs, original = [], CachingBlockPool._run  # the streams each lookup reads an index of, one by one
     monkeypatch.setattr(CachingBlockPool, "_run", lambda self, *args: runs.append(args[0]) or original(self, *args))
-    assert pool.lookup(c, 4).tolist() == [1, 0] and SYSTEM_PROMPT in runs
+    assert lookup(pool, c).tolist() == [1, 0] and SYSTEM_PROMPT in runs
     runs.clear()
-    assert pool.lookup(c, 4).tolist() == [1, 0] and runs == []  # the hints were refreshed
+    assert lookup(pool, c).tolist() == [1, 0] and runs == []  # the hints were refreshed
 
 
 class PlainPool:
@@ -167,7 +180,7 @@ class PlainPool:
     def lookup(self, request, block_size: int) -> list[int]:
         hits = []
         for i in range((request.prompt_tokens + request.num_generated - 1) // block_size):
-            block = self.cached.get(block_key(request, i, block_size))
+            block = self.cached.get(block_key(content_of(request, block_size), i))
             if block is None:
                 break
             hits.append(block)
@@ -175,7 +188,7 @@ class PlainPool:
 
     def publish(self, request, ids: list[int], start: int, block_size: int) -> None:
         for i in range(start, min(request.num_computed_tokens // block_size, len(ids))):
-            key = block_key(request, i, block_size)
+            key = block_key(content_of(request, block_size), i)
             if key not in self.cached and ids[i] not in self.key_of:
                 self.cached[key], self.key_of[ids[i]] = ids[i], key
 
@@ -226,7 +239,7 @@ def test_the_array_pool_keeps_the_plain_rules_through_thousands_of_turns(seed, n
             if trace_block is not None:
                 request.block_hashes = _tree_hashes(rng, request.prompt_tokens, trace_block, tree)
                 request.hash_block_tokens = trace_block
-            hits = pool.lookup(request, block_size).tolist()
+            hits = lookup(pool, request, block_size).tolist()
             assert hits == plain.lookup(request, block_size)
             new = -(-request.prompt_tokens // block_size) - len(hits)
             if new + pool.num_evictable(hits) > pool.num_free:  # touching takes the free hits off the queue
@@ -239,7 +252,7 @@ def test_the_array_pool_keeps_the_plain_rules_through_thousands_of_turns(seed, n
             request.num_published_blocks = len(hits)
             request.num_computed_tokens = request.prompt_tokens
             plain.publish(request, request.block_ids, len(hits), block_size)
-            pool.publish(request, block_size)
+            publish(pool, request, block_size)
             holders.append(request)
         assert pool.num_free == plain.num_free and pool.free_ids() == plain.free_ids()
         assert pool.cached == plain.cached and pool.ref_counts() == {b: k for b, k in plain.ref.items() if k}
@@ -249,9 +262,9 @@ def test_the_array_pool_keeps_the_plain_rules_through_thousands_of_turns(seed, n
 # --------------------------------------------------------------------------- keys and lookups
 def test_block_keys_name_the_system_prompt_the_stream_or_the_request_alone():
     r = with_system_prompt(req(5, 20, 1), 10)
-    assert [block_key(r, i, 4) for i in range(4)] == [(SYSTEM_PROMPT, 0), (SYSTEM_PROMPT, 1), (-7, 2), (-7, 3)]
+    assert [block_key(content_of(r, 4), i) for i in range(4)] == [(SYSTEM_PROMPT, 0), (SYSTEM_PROMPT, 1), (-7, 2), (-7, 3)]
     r.prefix_stream = 3  # a conversation
-    assert block_key(r, 2, 4) == (3, 2) and block_key(r, 1, 4) == (SYSTEM_PROMPT, 1)
+    assert block_key(content_of(r, 4), 2) == (3, 2) and block_key(content_of(r, 4), 1) == (SYSTEM_PROMPT, 1)
 
 
 def test_block_keys_of_a_traces_block_ids():
@@ -261,10 +274,10 @@ def test_block_keys_of_a_traces_block_ids():
 
     r = req(3, 22, 4)
     r.block_hashes, r.hash_block_tokens = np.array([40, 41, 42]), 8  # 4-token blocks: two per trace block
-    assert [block_key(r, i, 4) for i in range(7)] == [
+    assert [block_key(content_of(r, 4), i) for i in range(7)] == [
         (HASHED - 40, 0), (HASHED - 40, 1), (HASHED - 41, 0), (HASHED - 41, 1), (HASHED - 42, 0), (-5, 5), (-5, 6)]
     r.block_hashes, r.hash_block_tokens = np.array([40, 41, 42, 43]), 6  # blocks straddle trace blocks
-    assert [HASHED - block_key(r, i, 4)[0] for i in range(5)] == [40, 41, 41, 42, 43]
+    assert [HASHED - block_key(content_of(r, 4), i)[0] for i in range(5)] == [40, 41, 41, 42, 43]
 
 
 def test_a_lookup_never_covers_the_last_known_token():

@@ -259,7 +259,7 @@ def numbers(runs: Mapping[str, object]) -> str:
     check (or each column's verdict), and each run's scenario, folded."""
     from simbatch.analysis.capacity import Stability
     from simbatch.app import report
-    from simbatch.app.results import scenario_yaml
+    from simbatch.app.scenario_file import scenario_yaml
 
     summarized = {label: r for label, r in runs.items() if isinstance(getattr(r, "summary", None), Mapping)}
     parts = []

@@ -26,7 +26,7 @@ from simbatch.engine.disaggregated import Dispatcher
 from simbatch.engine.replica import Replica
 from simbatch.engine.router import Load, make_router
 from simbatch.features import feature_classes
-from simbatch.memory.kv import blocks_for, peak_kv_tokens
+from simbatch.memory.blocks import blocks_for, peak_kv_tokens
 from simbatch.model.clock import NS_PER_S, Urgent, to_ns
 from simbatch.observe.observers import Observer
 from simbatch.observe.recorder import Recorder

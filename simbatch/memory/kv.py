@@ -7,8 +7,9 @@ what prefix caching shares and what a trace can show. Free blocks are handed out
 the never-used ones by number, then freed ones in the order they were freed (a cached block is
 reused as late as possible).
 
-:class:`KVCacheManager` is the only writer of both pools and of every request's blocks: schedulers
-ask it to allocate slots, release, swap or reserve, and allocation answers with the new blocks or
+:class:`KVCacheManager` is the only writer of both pools, of every request's blocks and of its count of
+computed tokens (the tokens whose KV the blocks hold): schedulers ask it to allocate slots, to record
+computed tokens, release, swap or reserve, and allocation answers with the new blocks or
 None, never raising: running out of memory is a scheduling decision (preempt, or wait), not an
 error. (Blocks may be taken in bulk and assigned later, for a lockstep group whose members cross
 block boundaries every step; the manager holds them meanwhile: see
@@ -28,76 +29,11 @@ from operator import attrgetter
 import numpy as np
 
 from simbatch.config import KVCache
+from simbatch.memory.blocks import BlockPool, blocks_for, peak_kv_tokens
+from simbatch.memory.prefix_cache import CachingBlockPool, Content
 from simbatch.model.request import Request
 
-
-def blocks_for(tokens: int, block_size: int) -> int:
-    """KV blocks that hold ``tokens`` tokens: ceil(tokens / block_size)."""
-    return -(-tokens // block_size)
-
-
-def peak_kv_tokens(prompt_tokens: int, output_tokens: int) -> int:
-    """Tokens a request holds in the KV cache at its largest.
-
-    The last generated token is emitted and never fed back, so it is never cached:
-    prompt + output - 1 tokens (at least the prompt). Takes ints or NumPy arrays alike.
-    """
-    return prompt_tokens + (output_tokens > 0) * (output_tokens - 1)
-
-
-class BlockPool:
-    """Blocks ``0 .. num_blocks - 1`` and the queue of free ones.
-
-    Never-used blocks are not listed (a pool of millions costs nothing until used): they are the
-    numbers from ``_next_unused`` up, handed out first and in order; freed blocks join the end of
-    ``_freed``, which is handed out from ``_head`` on.
-    """
-
-    __slots__ = ("num_blocks", "num_free", "_next_unused", "_freed", "_head")
-
-    def __init__(self, num_blocks: int):
-        self.num_blocks = num_blocks
-        self.num_free = num_blocks
-        self._next_unused = 0
-        self._freed: list[int] = []
-        self._head = 0
-
-    @property
-    def num_used(self) -> int:
-        return self.num_blocks - self.num_free
-
-    def allocate(self, n: int) -> list[int] | None:
-        """``n`` free blocks, or None (and no change) if fewer are free."""
-        if n > self.num_free:
-            return None
-        self.num_free -= n
-        first = self._next_unused
-        if first < self.num_blocks:  # some never used: those first
-            unused = min(n, self.num_blocks - first)
-            self._next_unused = first + unused
-            ids = list(range(first, first + unused))
-            if unused == n:
-                return ids
-            n -= unused
-        else:
-            ids = []
-        head = self._head
-        ids += self._freed[head:head + n]
-        head += n
-        if 2 * head >= len(self._freed):  # drop the handed-out prefix once it is half the list
-            del self._freed[:head]
-            head = 0
-        self._head = head
-        return ids
-
-    def free(self, ids: Sequence[int]) -> None:
-        self._freed.extend(ids)
-        self.num_free += len(ids)
-        assert self.num_free <= self.num_blocks, "freed more blocks than were allocated"
-
-    def free_ids(self) -> list[int]:
-        """Every free block (for checks: O(num_blocks))."""
-        return [*range(self._next_unused, self.num_blocks), *self._freed[self._head:]]
+__all__ = ["BlockPool", "Content", "KVCacheManager", "blocks_for", "content_of", "lookup_blocks", "peak_kv_tokens"]
 
 
 class KVCacheManager:
@@ -109,8 +45,6 @@ class KVCacheManager:
         self.block_size = cfg.block_size
         self.caching = cfg.enable_prefix_caching
         if self.caching:
-            from simbatch.memory.prefix_cache import CachingBlockPool  # it builds on BlockPool, defined here
-
             self.device: BlockPool = CachingBlockPool(cfg.num_blocks)
         else:
             self.device = BlockPool(cfg.num_blocks)
@@ -140,17 +74,28 @@ class KVCacheManager:
         """Free every device block ``req`` holds (with prefix caching, publishing its full blocks
         first: they stay findable until evicted); returns how many."""
         if self.caching:
-            self.device.publish(req, self.block_size)
+            self.publish(req)
             req.num_published_blocks = 0
         ids, req.block_ids = req.block_ids, ()
         self.device.free(ids)
         return len(ids)
 
+    def computed(self, req: Request, n: int) -> None:
+        """``req`` computed ``n`` more tokens: their KV is in its blocks."""
+        req.num_computed_tokens += n
+
+    def recompute(self, req: Request) -> None:
+        """``req`` is preempted by recompute: its blocks are freed (with prefix caching, found again
+        by a later lookup while nobody has evicted them) and it has computed nothing."""
+        self.release(req)
+        req.num_computed_tokens = 0
+
     # ---------------------------------------------------------------- prefix caching
     def cached_prefix(self, req: Request) -> np.ndarray:
         """The cached blocks that hold the start of ``req``'s known tokens, longest run from block 0;
         never the block of the last known token, whose logits must be computed."""
-        return self.device.lookup(req, self.block_size)
+        bs = self.block_size
+        return self.device.lookup(content_of(req, bs), lookup_blocks(req, bs))
 
     def fits(self, req: Request, hits: Sequence[int], num_new_tokens: int) -> bool:
         """Whether the free blocks cover admitting ``req`` on the cached ``hits`` to compute
@@ -172,8 +117,14 @@ class KVCacheManager:
         req.num_computed_tokens = len(hits) * self.block_size
 
     def publish(self, req: Request) -> None:
-        """Offer the full blocks of ``req``'s computed tokens to the prefix cache (simbatch.memory.prefix_cache)."""
-        self.device.publish(req, self.block_size)
+        """Offer the full blocks of ``req``'s computed tokens not offered yet to the prefix cache
+        (simbatch.memory.prefix_cache)."""
+        ids = req.block_ids
+        stop = min(req.num_computed_tokens // self.block_size, len(ids))
+        start = req.num_published_blocks
+        if start < stop:
+            req.num_published_blocks = stop
+            self.device.publish(content_of(req, self.block_size), ids, start, stop)
 
     def swap_out(self, req: Request) -> bool:
         """Move the blocks of ``req``'s computed tokens to the host; False (and no change) if the host
@@ -282,6 +233,21 @@ class KVCacheManager:
 
 FULL_CHECK_BLOCKS = 64
 FULL_CHECK_EVERY = 64
+
+
+def content_of(req: Request, block_size: int) -> Content:
+    """What ``req``'s blocks hold, as the prefix cache keys them (simbatch.workload.prefix): its own
+    stream (a conversation's, or one no other request has: -2 - its id), the blocks of the shared
+    system prompt it starts with, and a trace's block ids when it has them."""
+    return Content(block_size, req.prefix_stream if req.prefix_stream >= 0 else -2 - req.request_id,
+                   req.shared_prefix_tokens // block_size, req.prompt_tokens // block_size, req.block_hashes,
+                   req.hash_block_tokens)
+
+
+def lookup_blocks(req: Request, block_size: int) -> int:
+    """The most blocks a lookup may find for ``req``: those of its known tokens but the block of its
+    last one, whose logits must be computed (vLLM's rule: at least one token is prefilled)."""
+    return (req.prompt_tokens + req.num_generated - 1) // block_size
 
 
 def _give(req: Request, ids: list[int]) -> None:

@@ -16,11 +16,11 @@ token: its logits must be computed, so at least one token is prefilled (vLLM doe
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
-from simbatch.memory.kv import BlockPool
-from simbatch.model.request import Request
+from simbatch.memory.blocks import BlockPool
 
 SYSTEM_PROMPT = -1
 """The stream of the shared system prompt's blocks, whichever request holds them."""
@@ -30,45 +30,52 @@ HASHED = -(1 << 30)
 request ids too, so that no stream is two things and every key fits 64 bits)."""
 
 
-def block_key(req: Request, index: int, block_size: int) -> tuple[int, int]:
-    """The content of block ``index`` of ``req``'s tokens, as (stream, block index).
+class Content(NamedTuple):
+    """What one request's blocks hold, as the cache keys them: the KV manager describes each request
+    so (:meth:`simbatch.memory.kv.KVCacheManager.content_of`); the pool knows no request.
+
+    Prompts are described by where their tokens come from (simbatch.workload.prefix): a system prompt
+    that many requests start with, then a stream of the request's own (a conversation's, shared by its
+    turns; or one no other request has). A trace may instead give its prompts' content as block ids,
+    one per ``hash_block_tokens`` tokens (Mooncake's ``hash_ids``).
+    """
+
+    block_size: int
+    stream: int  # the stream of its blocks past the system prompt
+    system_blocks: int  # its first blocks that lie wholly inside the shared system prompt
+    prompt_blocks: int  # its prompt's whole blocks (the ones a trace's block ids name)
+    hashes: np.ndarray | None = None  # a trace's block ids, one per hash_block_tokens of the prompt
+    hash_block_tokens: int = 0
+
+
+def block_key(content: Content, index: int) -> tuple[int, int]:
+    """The content of block ``index``, as (stream, block index).
 
     Two blocks with one key hold the same tokens: the system prompt's blocks (those wholly inside
-    it), or one stream's block at one position (simbatch.workload.prefix). A request on a stream of
-    its own gets a stream no other has (-2 - its id). A request with a trace's block ids
-    (``block_hashes``, one per ``hash_block_tokens``) names a whole block of its prompt by the id of
-    the trace block holding its last token, which names that block's content and all before it, and
-    its place among the blocks ending in that trace block (:func:`hashed_key`).
+    it), or one stream's block at one position. A block of a prompt with a trace's block ids is named
+    by the id of the trace block holding its last token, which names that block's content and all
+    before it, and its place among the blocks ending in that trace block (:func:`hashed_key`).
     """
-    if req.block_hashes is not None and index < req.prompt_tokens // block_size:
-        return hashed_key(req, index, block_size)
-    return (SYSTEM_PROMPT if index < system_blocks(req, block_size) else own_stream(req)), index
+    if content.hashes is not None and index < content.prompt_blocks:
+        return hashed_key(content, index)
+    return (SYSTEM_PROMPT if index < content.system_blocks else content.stream), index
 
 
-def hashed_key(req: Request, index: int, block_size: int) -> tuple[int, int]:
+def hashed_key(content: Content, index: int) -> tuple[int, int]:
     """(stream of the trace block holding block ``index``'s last token, position among its blocks)."""
-    t = ((index + 1) * block_size - 1) // req.hash_block_tokens
-    return HASHED - int(req.block_hashes[t]), index - t * req.hash_block_tokens // block_size
+    bs, T = content.block_size, content.hash_block_tokens
+    t = ((index + 1) * bs - 1) // T
+    return HASHED - int(content.hashes[t]), index - t * T // bs
 
 
-def _hashed_spans(req: Request, start: int, stop: int, block_size: int):
+def _hashed_spans(content: Content, start: int, stop: int):
     """(stream, first block of its trace block, start, stop) for the hashed blocks in [start, stop)."""
-    T, j = req.hash_block_tokens, start
+    bs, T, j = content.block_size, content.hash_block_tokens, start
     while j < stop:
-        t = ((j + 1) * block_size - 1) // T
-        first, end = t * T // block_size, min((t + 1) * T // block_size, stop)
-        yield HASHED - int(req.block_hashes[t]), first, j, end
+        t = ((j + 1) * bs - 1) // T
+        first, end = t * T // bs, min((t + 1) * T // bs, stop)
+        yield HASHED - int(content.hashes[t]), first, j, end
         j = end
-
-
-def system_blocks(req: Request, block_size: int) -> int:
-    """How many of ``req``'s first blocks lie wholly inside the shared system prompt."""
-    return req.shared_prefix_tokens // block_size
-
-
-def own_stream(req: Request) -> int:
-    """The stream of ``req``'s blocks past the system prompt (see :func:`block_key`)."""
-    return req.prefix_stream if req.prefix_stream >= 0 else -2 - req.request_id
 
 
 def _key(stream: int, position: int) -> int:
@@ -296,16 +303,15 @@ class CachingBlockPool(BlockPool):
         return int(np.count_nonzero(self._ref[_array(ids)] == 0))
 
     # ---------------------------------------------------------------- the cache
-    def lookup(self, req: Request, block_size: int) -> np.ndarray:
-        """The cached blocks holding ``req``'s known tokens from the first, up to the first miss, and
-        short of the block of its last known token (see :class:`~simbatch.memory.kv.KVCacheManager`).
+    def lookup(self, content: Content, limit: int) -> np.ndarray:
+        """The cached blocks holding ``content``'s first blocks, up to the first miss, and at most
+        ``limit`` of them (the manager stops short of the block of a request's last known token).
 
         Perhaps a view of the index: good until the pool next changes (copy it to keep it)."""
-        limit = (req.prompt_tokens + req.num_generated - 1) // block_size
-        if req.block_hashes is not None:
-            return self._hashed_lookup(req, block_size, limit)
-        system = system_blocks(req, block_size)
-        index = self._streams.get(own_stream(req))
+        if content.hashes is not None:
+            return self._hashed_lookup(content, limit)
+        system, stream = content.system_blocks, content.stream
+        index = self._streams.get(stream)
         if index is not None and index.system == system and limit:
             run = index.entries[:min(limit, index.top)]  # from top on, nothing was ever cached
             stale = self._key[run] != index.expected[:len(run)]
@@ -327,22 +333,22 @@ class CachingBlockPool(BlockPool):
             if len(hits) < system:
                 return hits
         if limit > system:
-            more = self._run(own_stream(req), system, limit)
+            more = self._run(stream, system, limit)
             return np.concatenate((hits, more)) if len(hits) else more
         return hits
 
-    def _hashed_lookup(self, req: Request, block_size: int, limit: int) -> np.ndarray:
+    def _hashed_lookup(self, content: Content, limit: int) -> np.ndarray:
         """A lookup by a trace's block ids: each trace block's run in its own stream, up to the first
         miss; past the prompt's whole blocks, the request's own (after a preemption)."""
-        full = req.prompt_tokens // block_size
+        full = content.prompt_blocks
         runs = []
-        for stream, first, start, stop in _hashed_spans(req, 0, min(limit, full), block_size):
+        for stream, first, start, stop in _hashed_spans(content, 0, min(limit, full)):
             run = self._run(stream, start - first, stop - first)
             runs.append(run)
             if len(run) < stop - start:
                 return np.concatenate(runs)
         if limit > full:
-            runs.append(self._run(own_stream(req), full, limit))
+            runs.append(self._run(content.stream, full, limit))
         return np.concatenate(runs) if runs else _NO_BLOCKS
 
     def _run(self, stream: int, start: int, stop: int) -> np.ndarray:
@@ -357,29 +363,23 @@ class CachingBlockPool(BlockPool):
         miss = stale.argmax()
         return run[:miss] if stale[miss] else run
 
-    def publish(self, req: Request, block_size: int) -> None:
-        """Offer the full blocks of ``req``'s computed tokens not offered yet, each under its
+    def publish(self, content: Content, ids: Sequence[int] | np.ndarray, start: int, stop: int) -> None:
+        """Offer blocks ``ids[start:stop]``, full blocks of computed tokens of ``content``, each under its
         :func:`block_key`; a key already cached keeps its block (the first one computed)."""
-        ids = req.block_ids
-        stop = min(req.num_computed_tokens // block_size, len(ids))
-        start = req.num_published_blocks
-        if start >= stop:
-            return
-        req.num_published_blocks = stop
-        if req.block_hashes is not None:
-            full = req.prompt_tokens // block_size
-            for stream, first, a, b in _hashed_spans(req, start, min(stop, full), block_size):
+        if content.hashes is not None:
+            full = content.prompt_blocks
+            for stream, first, a, b in _hashed_spans(content, start, min(stop, full)):
                 self._offer(stream, 0, a - first, b - first, ids[first:b])
             if stop > full:
-                self._offer(own_stream(req), 0, max(start, full), stop, ids)
+                self._offer(content.stream, 0, max(start, full), stop, ids)
             return
-        system = system_blocks(req, block_size)
+        system = content.system_blocks
         if start < system:
             self._offer(SYSTEM_PROMPT, 0, start, min(stop, system), ids)
             if stop <= system:
                 return
             start = system
-        stream = own_stream(req)
+        stream = content.stream
         index = self._streams.get(stream)
         if index is not None and start >= index.top and stop <= len(index.entries) \
                 and (index.system == system or index.system < 0):

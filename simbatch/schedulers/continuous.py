@@ -49,7 +49,8 @@ from collections.abc import Sequence
 
 from simbatch.config import Scenario
 from simbatch.features import features_for, hooks
-from simbatch.memory.kv import KVCacheManager, blocks_for
+from simbatch.memory.blocks import blocks_for
+from simbatch.memory.kv import KVCacheManager
 from simbatch.model.request import FINISHED, RUNNING, WAITING, Request
 from simbatch.schedulers.base import IDLE, BaseScheduler, Idle, StepOutcome, StepPlan
 from simbatch.schedulers.policies import WaitingQueue, victim_key, waiting_key
@@ -297,8 +298,7 @@ class ContinuousScheduler(BaseScheduler):
         if self.swap and self.kv.swap_out(victim):
             plan.swap_blocks += victim.swapped_blocks
         else:
-            self.kv.release(victim)
-            victim.num_computed_tokens = 0
+            self.kv.recompute(victim)
             victim.prefill_pending = True
         victim.num_preemptions += 1
         self.num_preemptions += 1
@@ -439,8 +439,9 @@ class ContinuousScheduler(BaseScheduler):
 
     def _apply_decodes(self, decodes: Sequence[Request], end_s: float, step: int, outcome: StepOutcome) -> None:
         """Each one-token decode computes its token and samples the next."""
+        computed = self.kv.computed
         for req in decodes:
-            req.num_computed_tokens += 1
+            computed(req, 1)
             self._sampled(req, 1, end_s, step, outcome)
 
     def _apply_slices(self, plan: StepPlan, end_s: float, step: int, outcome: StepOutcome) -> None:
@@ -452,7 +453,7 @@ class ContinuousScheduler(BaseScheduler):
                 for keep in self._applied:
                     n = keep(req, n)
                 emitted = n
-            req.num_computed_tokens += n
+            self.kv.computed(req, n)
             if publish is not None and req.prefill_pending:
                 publish(req)  # a prefill chunk's full blocks are findable at once (simbatch.memory.prefix_cache)
             if req.num_computed_tokens < req.prompt_tokens + req.num_generated:

@@ -29,7 +29,8 @@ from __future__ import annotations
 from collections import deque
 
 from simbatch.config import Scenario
-from simbatch.memory.kv import KVCacheManager, peak_kv_tokens
+from simbatch.memory.blocks import peak_kv_tokens
+from simbatch.memory.kv import KVCacheManager
 from simbatch.model.request import Request, Status
 from simbatch.schedulers.base import IDLE, Answer, BaseScheduler, SleepUntil, StepOutcome, StepPlan
 from simbatch.schedulers.policies import WaitingQueue
@@ -152,7 +153,7 @@ class RequestLevelScheduler(BaseScheduler):
         outcome = StepOutcome([], 0, [])
         self._prefilled = True
         for req, n in plan.slices:
-            req.num_computed_tokens += n
+            self.kv.computed(req, n)
             req.prefill_pending = False
             self._emit_token(req, end_s, step, outcome)
         return self._settle(end_s, outcome)

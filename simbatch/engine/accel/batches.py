@@ -35,7 +35,7 @@ class BatchRuns(RequestLevelScheduler):
             return self.finish_step(plan, end_s, step)
         outcome = StepOutcome([], n * plan.decode_seqs, [])
         for req in self.running:
-            req.num_computed_tokens += n
+            self.kv.computed(req, n)
             req.num_generated += n
             req.last_token_s = end_s
             req.last_token_step = step + n - 1

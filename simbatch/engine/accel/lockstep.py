@@ -34,7 +34,8 @@ import heapq
 from operator import attrgetter, mul
 
 from simbatch.config import Scenario
-from simbatch.memory.kv import KVCacheManager, blocks_for
+from simbatch.memory.blocks import blocks_for
+from simbatch.memory.kv import KVCacheManager
 from simbatch.model.request import RUNNING, Request
 from simbatch.schedulers.base import IDLE, Idle, StepOutcome, StepPlan
 from simbatch.schedulers.continuous import ContinuousScheduler

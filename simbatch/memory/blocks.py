@@ -1,0 +1,80 @@
+"""Blocks: the arithmetic of paged KV memory, and a pool of numbered blocks with vLLM's free-queue order.
+
+Every block has an identity, a number in ``0 .. num_blocks - 1``. Free blocks are handed out in
+vLLM's order: the never-used ones by number, then freed ones in the order they were freed (a block
+that may still be found by the prefix cache is reused as late as possible). A pool knows blocks, not
+requests: who holds which is the KV manager's (:mod:`simbatch.memory.kv`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    """KV blocks that hold ``tokens`` tokens: ceil(tokens / block_size)."""
+    return -(-tokens // block_size)
+
+
+def peak_kv_tokens(prompt_tokens: int, output_tokens: int) -> int:
+    """Tokens a request holds in the KV cache at its largest.
+
+    The last generated token is emitted and never fed back, so it is never cached:
+    prompt + output - 1 tokens (at least the prompt). Takes ints or NumPy arrays alike.
+    """
+    return prompt_tokens + (output_tokens > 0) * (output_tokens - 1)
+
+
+class BlockPool:
+    """Blocks ``0 .. num_blocks - 1`` and the queue of free ones.
+
+    Never-used blocks are not listed (a pool of millions costs nothing until used): they are the
+    numbers from ``_next_unused`` up, handed out first and in order; freed blocks join the end of
+    ``_freed``, which is handed out from ``_head`` on.
+    """
+
+    __slots__ = ("num_blocks", "num_free", "_next_unused", "_freed", "_head")
+
+    def __init__(self, num_blocks: int):
+        self.num_blocks = num_blocks
+        self.num_free = num_blocks
+        self._next_unused = 0
+        self._freed: list[int] = []
+        self._head = 0
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - self.num_free
+
+    def allocate(self, n: int) -> list[int] | None:
+        """``n`` free blocks, or None (and no change) if fewer are free."""
+        if n > self.num_free:
+            return None
+        self.num_free -= n
+        first = self._next_unused
+        if first < self.num_blocks:  # some never used: those first
+            unused = min(n, self.num_blocks - first)
+            self._next_unused = first + unused
+            ids = list(range(first, first + unused))
+            if unused == n:
+                return ids
+            n -= unused
+        else:
+            ids = []
+        head = self._head
+        ids += self._freed[head:head + n]
+        head += n
+        if 2 * head >= len(self._freed):  # drop the handed-out prefix once it is half the list
+            del self._freed[:head]
+            head = 0
+        self._head = head
+        return ids
+
+    def free(self, ids: Sequence[int]) -> None:
+        self._freed.extend(ids)
+        self.num_free += len(ids)
+        assert self.num_free <= self.num_blocks, "freed more blocks than were allocated"
+
+    def free_ids(self) -> list[int]:
+        """Every free block (for checks: O(num_blocks))."""
+        return [*range(self._next_unused, self.num_blocks), *self._freed[self._head:]]
