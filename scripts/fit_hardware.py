@@ -1,6 +1,6 @@
 """Fit the preset efficiencies (simbatch/hardware/preset.py) once, to the measured data beside the repository.
 
-Reads every dataset of ``../shared/data/hardware`` (see simbatch/hardware/measured.py), finds the
+Reads every dataset of ``simbatch/data/measured/hardware`` (see simbatch/hardware/measured.py), finds the
 :class:`~simbatch.hardware.preset.Efficiency` constants minimising the squared log-error of the
 predicted times, each dataset and kind of measurement weighted alike (so 2,000 TensorRT-LLM rows
 do not drown 30 kernel rows), and writes them with their fit error to
@@ -49,7 +49,7 @@ def fit(rows) -> Efficiency:
 
 
 def render(eff: Efficiency, rows) -> str:
-    lines = ["# Preset efficiencies: fitted by scripts/fit_hardware.py to ../shared/data/hardware; do not edit.",
+    lines = ["# Preset efficiencies: fitted by scripts/fit_hardware.py to simbatch/data/measured/hardware; do not edit.",
              "# Meaning of each: simbatch/hardware/preset.py (Efficiency). fit_error: relative error",
              "# |predicted - measured| / measured of the presets over each dataset and kind of measurement.",
              "efficiency:"]

@@ -1,7 +1,7 @@
 """Presets, KV blocks from memory, calibration and the fit report (simbatch/hardware).
 
-The measured data live in ../shared/data/hardware beside the repository (never copied into it);
-the tests that read them find them there, as the scripts do.
+The measured data are the copies shipped in simbatch/data/measured (of ../shared/data beside the
+repository), read by the tests as by the scripts; where the originals are present, the copies must equal them.
 """
 
 from __future__ import annotations
@@ -437,3 +437,15 @@ def test_bring_your_own_server_quotes_real_output():
     assert len(table) == 9 and all(line in page for line in table), "docs/bring_your_own_server.md is stale"
     one = invoke("calibrate", files[0])
     assert one.stderr.strip() in page
+
+
+def test_the_shipped_measurements_are_the_shared_ones():
+    """simbatch/data/measured holds copies of ../shared/data/{hardware,serving}; where the originals are
+    beside the checkout, the copies equal them byte for byte (and every shipped file is named in the README)."""
+    shipped_files = sorted(p for p in measured.DATA.parent.rglob("*.csv"))
+    readme = (measured.DATA.parent / "README.md").read_text(encoding="utf-8")
+    assert shipped_files and all(f"`{p.name}`" in readme for p in shipped_files)
+    for p in shipped_files:
+        original = measured.SHARED / p.parent.name / p.name
+        if original.is_file():
+            assert p.read_bytes() == original.read_bytes(), p.name

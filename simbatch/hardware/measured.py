@@ -1,4 +1,4 @@
-"""The measured steps and kernels of ``../shared/data/hardware``, as rows a preset can predict.
+"""The measured steps and kernels of ``simbatch/data/measured/hardware``, as rows a preset can predict.
 
 Each dataset becomes a frame of measured times (``measured_ms``) with, per row, the physical work at
 100 % efficiency (seconds), so that a prediction under any :class:`~.preset.Efficiency` is one
@@ -9,11 +9,13 @@ bytes), ``KV`` (KV bytes read), ``ATTN`` (prefill attention FLOPs).
 
 Each row also has what the plain model ``tau0 + beta*x`` needs to be calibrated like a user would,
 at short context: ``group`` (one configuration), ``x`` (its batch or token count) and ``short``
-(the rows it is calibrated on). The data are read where they are (never copied into the project).
+(the rows it is calibrated on). The data are the copies shipped in ``simbatch/data/measured/hardware``
+(their README gives the sources), so the fit and its tests run the same anywhere.
 """
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +25,10 @@ from scipy.optimize import nnls
 from simbatch.hardware.cards import ModelCard, shipped
 from simbatch.hardware.preset import Deployment, Efficiency
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "hardware"
-"""``../shared/data/hardware`` beside the repository (the checkout's parent folder)."""
+DATA = Path(str(resources.files("simbatch").joinpath("data/measured/hardware")))
+"""The shipped copies of ``../shared/data/hardware`` (simbatch/data/measured/README.md)."""
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+"""``../shared/data`` beside the repository, where the originals are (absent in a clone elsewhere)."""
 
 TERMS = ("W", "STEP", "LAYERS", "ALLREDUCES", "DEC", "LIN", "COMM", "KV", "ATTN")
 
@@ -176,8 +180,8 @@ LOADERS = (trtllm, splitwise, vidur, blis_decode, blis_prefill, blis_gemm)
 def load_all(folder: Path = DATA) -> pd.DataFrame:
     """Every dataset's rows, in one frame (FileNotFoundError naming the folder when it is absent)."""
     if not folder.is_dir():
-        raise FileNotFoundError(f"{folder}: the measured data are not there; they live in ../shared/data/hardware "
-                                "beside the repository")
+        raise FileNotFoundError(f"{folder}: the measured data are not there; simbatch ships them in "
+                                "simbatch/data/measured/hardware")
     return pd.concat([load(folder) for load in LOADERS], ignore_index=True)
 
 

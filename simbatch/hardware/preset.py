@@ -15,7 +15,7 @@ is a physical cost divided by what the GPU does per second, times an efficiency:
 - ``epsilon`` (per query-key pair of a prefill): 4 FLOPs per head dimension and query head per layer
   (QK^T and PV) at ``attention_flops`` of the bf16 peak.
 
-The efficiencies are fitted once, to every measured dataset in ``../shared/data/hardware``, by
+The efficiencies are fitted once, to every measured dataset in ``simbatch/data/measured/hardware``, by
 ``scripts/fit_hardware.py``, which stores them with their fit error in
 ``simbatch/data/hardware_efficiency.yaml``. The fit is against TensorRT-LLM and kernel measurements:
 a vLLM deployment has more CPU overhead per step than they show (docs/hardware.md).

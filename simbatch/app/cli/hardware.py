@@ -44,7 +44,7 @@ def presets(preset: str = PRESET_ARG) -> None:
                    f"{g.interconnect_gb_s:>9g}")
     eff, record = fitted()
     typer.echo("")
-    typer.echo("efficiencies fitted to ../shared/data/hardware (simbatch/data/hardware_efficiency.yaml): " +
+    typer.echo("efficiencies fitted to simbatch/data/measured/hardware (simbatch/data/hardware_efficiency.yaml): " +
                ", ".join(f"{k} {v:g}" for k, v in vars(eff).items()))
     typer.echo("fit error (relative, median / p90), per dataset:")
     for key, err in record["fit_error"].items():
