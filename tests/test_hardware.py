@@ -39,11 +39,30 @@ def scenario(**sections) -> Scenario:
 # --------------------------------------------------------------------------- cards and presets
 def test_the_cards_cover_the_issue():
     gpus, models = shipped()
-    assert {"A100-40GB", "A100-80GB", "H100-SXM", "H100-PCIe", "H200", "L40S", "L4", "A10G", "MI300X"} <= set(gpus)
+    assert {"A100-40GB", "A100-80GB", "H100-SXM", "H100-PCIe", "H200", "L40S", "L4", "A10G", "MI300X", "RTX-4090",
+            "RTX-PRO-6000", "B200", "GB200", "H20", "MI325X"} <= set(gpus)
     assert {"llama-3.1-8b", "llama-3.1-70b", "llama-2-7b", "llama-2-13b", "llama-2-70b", "mistral-7b",
             "mixtral-8x7b", "qwen2.5-7b", "qwen2.5-32b", "qwen2.5-72b"} <= set(models)
     assert all(card.source for card in [*gpus.values(), *models.values()])
     assert models["mixtral-8x7b"].active_b < models["mixtral-8x7b"].params_b
+
+
+def test_every_gpu_card_has_its_power_host_link_and_cuda_memory():
+    for card in shipped()[0].values():
+        assert card.visible_memory_gib is not None and card.host_link_gb_s is not None, card.name
+        assert 0 < card.idle_watts < card.max_watts, card.name
+        assert card.memory_gib - 4 < card.cuda_memory_gib <= card.memory_gib, card.name  # ECC GDDR loses most
+
+
+def test_aliases_name_one_card_each_and_resolve():
+    gpus = shipped()[0]
+    names = [n.lower() for card in gpus.values() for n in (card.name, *card.aliases)]
+    assert len(names) == len(set(names))
+    assert parse("llama-3.1-8b/H100").gpu.name == "H100-SXM"
+    assert parse("llama-3.1-8b/nvidia geforce rtx 4090").gpu.name == "RTX-4090"
+    assert parse("llama-3.1-8b/A100").gpu.name == "A100-80GB"
+    # GeForce: the fp32-accumulate rate vLLM's GEMMs run at, half the fp16-accumulate one.
+    assert gpus["RTX-4090"].bf16_tflops == pytest.approx(165.2)
 
 
 def test_a_preset_is_the_physics_over_the_fitted_efficiencies():
@@ -89,7 +108,7 @@ def test_presets_shows_one_preset_derived():
 
 @pytest.mark.parametrize(("preset", "says"), [
     ("llama-3.1-8b", "<model>/<gpu>"), ("gpt-5/H100-SXM", "unknown model 'gpt-5'"),
-    ("llama-3.1-8b/B200", "unknown GPU 'B200'"), ("llama-3.1-8b/A100-80GB/fp8", "no fp8"),
+    ("llama-3.1-8b/TPU-v5e", "unknown GPU 'TPU-v5e'"), ("llama-3.1-8b/A100-80GB/fp8", "no fp8"),
     ("llama-3.1-8b/H100-SXM/tp3", "do not split over tp3"), ("llama-3.1-8b/H100-SXM/int4", "'int4' is neither"),
     ("llama-3.1-8b/H100-SXM/fp8/fp8", "given twice")])
 def test_bad_presets_say_what_to_write(preset, says):

@@ -170,7 +170,9 @@ def parse(preset: str, gpu_cards: dict[str, GpuCard] | None = None,
 
 
 def _lookup(name: str, cards: dict, what: str):
-    by_lower = {k.lower(): v for k, v in cards.items()}
+    """A card by its name or one of its aliases, case-insensitively; a name wins over an alias."""
+    by_lower = {alias.lower(): v for v in cards.values() for alias in getattr(v, "aliases", ())}
+    by_lower |= {k.lower(): v for k, v in cards.items()}
     if name.lower() in by_lower:
         return by_lower[name.lower()]
     raise ValueError(f"unknown {what} {name!r}; known: {', '.join(sorted(cards))} "

@@ -36,12 +36,13 @@ def presets(preset: str = PRESET_ARG) -> None:
         typer.echo(f"{m.name:<15} {m.params_b:>8g} {m.active_b:>8g} {m.layers:>6} {m.hidden_size:>6} "
                    f"{f'{m.q_heads}/{m.kv_heads}':>10} {m.head_dim:>8} {m.vocab_size:>7}")
     typer.echo("")
-    typer.echo(f"{'gpu':<10} {'memory_gib':>10} {'bw_gb_s':>8} {'bf16_tflops':>11} {'fp8_tflops':>10} "
-               f"{'link_gb_s':>9}")
+    typer.echo(f"{'gpu':<12} {'memory_gib':>10} {'cuda_gib':>8} {'bw_gb_s':>7} {'bf16_tflops':>11} {'fp8_tflops':>10} "
+               f"{'link_gb_s':>9} {'host_gb_s':>9} {'idle_w':>6} {'max_w':>5}  aliases")
+    opt = lambda v: "-" if v is None else f"{v:g}"  # noqa: E731
     for g in gpus.values():
-        fp8 = "-" if g.fp8_tflops is None else f"{g.fp8_tflops:g}"
-        typer.echo(f"{g.name:<10} {g.memory_gib:>10g} {g.memory_bandwidth_gb_s:>8g} {g.bf16_tflops:>11g} {fp8:>10} "
-                   f"{g.interconnect_gb_s:>9g}")
+        typer.echo(f"{g.name:<12} {g.memory_gib:>10g} {g.cuda_memory_gib:>8g} {g.memory_bandwidth_gb_s:>7g} "
+                   f"{g.bf16_tflops:>11g} {opt(g.fp8_tflops):>10} {g.interconnect_gb_s:>9g} {opt(g.host_link_gb_s):>9} "
+                   f"{opt(g.idle_watts):>6} {opt(g.max_watts):>5}  {', '.join(g.aliases)}")
     eff, record = fitted()
     typer.echo("")
     typer.echo("efficiencies fitted to simbatch/data/measured/hardware (simbatch/data/hardware_efficiency.yaml): " +
