@@ -19,10 +19,10 @@ from test_cli import invoke, write_scenario
 from test_docs import _script
 
 from simbatch.config import Device, Scenario, replica_scenarios
-from simbatch.config.resolve import resolve, resolve_device
+from simbatch.config.resolve import deployment, resolve, resolve_device
 from simbatch.hardware import measured
 from simbatch.hardware.calibrate import PARAMS, calibrate
-from simbatch.hardware.cards import shipped
+from simbatch.hardware.cards import ModelCard, shipped
 from simbatch.hardware.fit_report import errors_by_dataset
 from simbatch.hardware.memory import GIB, activation_reserve_bytes
 from simbatch.hardware.preset import fitted, parse
@@ -44,7 +44,78 @@ def test_the_cards_cover_the_issue():
     assert {"llama-3.1-8b", "llama-3.1-70b", "llama-2-7b", "llama-2-13b", "llama-2-70b", "mistral-7b",
             "mixtral-8x7b", "qwen2.5-7b", "qwen2.5-32b", "qwen2.5-72b"} <= set(models)
     assert all(card.source for card in [*gpus.values(), *models.values()])
-    assert models["mixtral-8x7b"].active_b < models["mixtral-8x7b"].params_b
+    assert models["mixtral-8x7b"].active_b < models["mixtral-8x7b"].params / 1e9
+    assert {"qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b", "llama-3.2-1b",
+            "llama-3.2-3b", "llama-3.3-70b", "mistral-small-24b", "qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-20b",
+            "gpt-oss-120b", "deepseek-v3"} <= set(models)
+    assert not any(card.params_b or card.active_params_b for card in models.values())  # counted, never typed
+
+
+# Parameters as each model card publishes them, billions: (total, active or None, tolerance). Active
+# counts the output head but not the input embedding where the publisher says so (gpt-oss, DeepSeek).
+PUBLISHED = {"llama-3.1-8b": (8.03, None, 0.002), "llama-3.1-70b": (70.6, None, 0.002), "llama-3.2-1b": (1.24, None, 0.005),
+             "llama-3.2-3b": (3.21, None, 0.005), "llama-2-7b": (6.74, None, 0.002), "llama-2-13b": (13.0, None, 0.005),
+             "llama-2-70b": (69.0, None, 0.002), "codellama-34b": (33.7, None, 0.005), "mistral-7b": (7.24, None, 0.002),
+             "mistral-small-24b": (23.572, None, 0.001), "qwen2.5-7b": (7.61, None, 0.002),
+             "qwen2.5-72b": (72.7, None, 0.002), "qwen-72b": (72.3, None, 0.002), "qwen3-0.6b": (0.6, None, 0.01),
+             "qwen3-1.7b": (1.7, None, 0.02), "qwen3-4b": (4.0, None, 0.01), "qwen3-8b": (8.2, None, 0.005),
+             "qwen3-14b": (14.8, None, 0.005), "qwen3-32b": (32.8, None, 0.005), "gpt-j-6b": (6.05, None, 0.002),
+             "mixtral-8x7b": (46.7, 12.9, 0.003), "qwen3-30b-a3b": (30.5, 3.3, 0.02),
+             "qwen3-235b-a22b": (235.0, 22.0, 0.01), "gpt-oss-20b": (20.91, 3.61, 0.003),
+             "gpt-oss-120b": (116.83, 5.13, 0.003), "deepseek-v3": (671.0, 36.6, 0.002)}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_parameters_counted_from_the_shapes_are_the_published_ones(name):
+    card = shipped()[1][name]
+    total, active, tol = PUBLISHED[name]
+    assert card.params / 1e9 == pytest.approx(total, rel=tol)
+    if active is not None:
+        counted = card.active_params - (card.vocab_size * card.hidden_size if name.startswith(("gpt-oss", "deepseek"))
+                                        else 0)
+        assert counted / 1e9 == pytest.approx(active, rel=max(tol, 0.005))
+
+
+def test_a_card_from_a_hugging_face_config_is_the_shipped_card():
+    """The shapes read from each config.json are the shipped card's (tests/data/hf_configs has the files)."""
+    folder = ROOT / "tests" / "data" / "hf_configs"
+    pairs = {"Qwen3-0.6B": "qwen3-0.6b", "Qwen3-8B": "qwen3-8b", "Qwen3-32B": "qwen3-32b",
+             "Qwen3-30B-A3B": "qwen3-30b-a3b", "Mixtral-8x7B-v0.1": "mixtral-8x7b", "DeepSeek-V3": "deepseek-v3",
+             "Llama-3.2-1B-Instruct": "llama-3.2-1b", "gpt-oss-20b": "gpt-oss-20b"}
+    models = shipped()[1]
+    for file, name in pairs.items():
+        card = ModelCard.model_validate({"hf_config": str(folder / f"{file}.json")})
+        assert card.name == file
+        assert card.model_dump(exclude={"name", "source"}) == models[name].model_dump(exclude={"name", "source"}), file
+    # In a scenario, the path is the scenario file's (relative to its folder); the preset names the card.
+    sc_dir = ROOT / "tests" / "data"
+    dev = Device.model_validate({"preset": "Qwen3-30B-A3B/H100", "model_card": {"hf_config": "hf_configs/Qwen3-30B-A3B.json"}},
+                                context={"base_dir": sc_dir})
+    d = deployment(dev)
+    assert d.model.num_experts == 128 and d.gpu.name == "H100-SXM"
+
+
+def test_hf_config_errors_are_one_line(tmp_path):
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "partial.json").write_text('{"hidden_size": 4096}')
+    for file, says in [("missing.json", "file not found"), ("bad.json", "not a readable JSON"),
+                       ("list.json", "a JSON object"), ("partial.json", "none of num_hidden_layers")]:
+        with pytest.raises(ValidationError, match=says):
+            ModelCard.model_validate({"hf_config": str(tmp_path / file)})
+        result = invoke("presets", "--hf-config", tmp_path / file)
+        assert result.exit_code == 2 and says in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_presets_prints_the_card_of_a_config():
+    path = ROOT / "tests" / "data" / "hf_configs" / "DeepSeek-V3.json"
+    result = invoke("presets", "--hf-config", path)
+    assert result.exit_code == 0, result.stderr
+    card = yaml.safe_load(result.stdout)["model_card"]
+    assert card["kv_lora_rank"] == 512 and card["num_experts"] == 256 and "params_b" not in card
+    assert "671.026B" in result.stdout and "add /fp8" in result.stdout
+    shown = invoke("presets", "--hf-config", path, "DeepSeek-V3/H200/tp8/fp8")
+    assert shown.exit_code == 0, shown.stderr and "tau0_ms" in shown.stdout
 
 
 def test_every_gpu_card_has_its_power_host_link_and_cuda_memory():
@@ -69,12 +140,13 @@ def test_a_preset_is_the_physics_over_the_fitted_efficiencies():
     eff, _ = fitted()
     d = parse("llama-3.1-8b/H100-SXM")
     ms = d.device_ms(eff)
-    weights = 8.03e9 * 2 / (3350e9 * eff.weights_bandwidth) * 1e3
+    params = shipped()[1]["llama-3.1-8b"].params
+    weights = params * 2 / (3350e9 * eff.weights_bandwidth) * 1e3
     assert ms["tau0_ms"] == pytest.approx(weights + eff.step_overhead_ms + 32 * eff.layer_overhead_us / 1e3)
     assert ms["kv_read_ms_per_1k_tokens"] == pytest.approx(1e3 * 2 * 32 * 8 * 128 * 2 / (3350e9 * eff.kv_bandwidth) * 1e3)
     assert ms["prefill_attention_ms_per_1m_pairs"] == pytest.approx(
         1e6 * 4 * 32 * 32 * 128 / (989e12 * eff.attention_flops) * 1e3)
-    assert ms["prefill_ms_per_token"] == pytest.approx(2 * 8.03e9 / (989e12 * eff.linear_flops) * 1e3)
+    assert ms["prefill_ms_per_token"] == pytest.approx(2 * params / (989e12 * eff.linear_flops) * 1e3)
     # fp8 halves the weights streamed; tp2 halves them again and adds the all-reduces.
     fp8 = parse("llama-3.1-8b/H100-SXM/fp8").device_ms(eff)
     tp2 = parse("llama-3.1-8b/h100-sxm/tp2").device_ms(eff)
@@ -83,7 +155,7 @@ def test_a_preset_is_the_physics_over_the_fitted_efficiencies():
     assert tp2["kv_read_ms_per_1k_tokens"] == pytest.approx(ms["kv_read_ms_per_1k_tokens"] / 2)
     # A MoE streams its active experts only.
     mix = parse("mixtral-8x7b/H100-SXM").device_ms(eff)
-    assert mix["tau0_ms"] == pytest.approx(12.9e9 * 2 / (3350e9 * eff.weights_bandwidth) * 1e3
+    assert mix["tau0_ms"] == pytest.approx(shipped()[1]["mixtral-8x7b"].active_params * 2 / (3350e9 * eff.weights_bandwidth) * 1e3
                                            + eff.step_overhead_ms + 32 * eff.layer_overhead_us / 1e3)
 
 
@@ -150,11 +222,11 @@ def test_auto_blocks_follow_vllms_arithmetic():
     sc = scenario(device={"preset": "llama-3.1-8b/H100-SXM"}, kv_cache={"num_blocks": "auto", "block_size": 16},
                   batching={"max_num_seqs": 256, "max_num_batched_tokens": 8192})
     d = parse("llama-3.1-8b/H100-SXM")
-    free = 80 * GIB * 0.9 - 8.03e9 * 2 - activation_reserve_bytes(d, 8192, 256)
+    free = 80 * GIB * 0.9 - d.model.params * 2 - activation_reserve_bytes(d, 8192, 256)
     assert sc.kv_cache.num_blocks == int(free // (2 * 32 * 8 * 128 * 2 * 16))
     given = scenario(device={"preset": "llama-3.1-8b/H100-SXM"},
                      kv_cache={"num_blocks": "auto", "activation_reserve_gib": 2.0, "gpu_memory_utilization": 0.8})
-    assert given.kv_cache.num_blocks == int((80 * 0.8 - 2.0) * GIB - 8.03e9 * 2) // (131072 * 16)
+    assert given.kv_cache.num_blocks == int((80 * 0.8 - 2.0) * GIB - d.model.params * 2) // (131072 * 16)
     # vLLM's logged token count, given directly, needs no preset.
     assert scenario(kv_cache={"gpu_kv_cache_tokens": 100_000}).kv_cache.num_blocks == 6250
     # The resolved scenario (what a result folder records) validates back unchanged.
@@ -419,8 +491,7 @@ def test_calibration_on_the_shared_measurements(tmp_path):
 
 # --------------------------------------------------------------------------- the fit report
 def test_the_fit_report_is_up_to_date():
-    gen = _script("gen_hardware_fit")
-    page = gen.render()
+    page = _script("gen_hardware_fit").render()
     committed = (ROOT / "docs" / "hardware_fit.md").read_text(encoding="utf-8")
     assert committed == page, "docs/hardware_fit.md is stale: run .venv/bin/python scripts/gen_hardware_fit.py"
 

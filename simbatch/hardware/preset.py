@@ -93,12 +93,12 @@ class Deployment:
     @property
     def weights_bytes_per_gpu(self) -> float:
         """The weights one GPU holds (every expert of a MoE), bytes."""
-        return self.model.params_b * 1e9 * (FP8_BYTES if self.fp8 else BF16_BYTES) / self.tp
+        return self.model.params * (FP8_BYTES if self.fp8 else BF16_BYTES) / self.tp
 
     @property
     def streamed_bytes_per_gpu(self) -> float:
         """The weights one GPU reads per step, bytes: a MoE's active ones (those of the experts chosen)."""
-        return self.model.active_b * 1e9 * (FP8_BYTES if self.fp8 else BF16_BYTES) / self.tp
+        return self.model.active_params * (FP8_BYTES if self.fp8 else BF16_BYTES) / self.tp
 
     @property
     def kv_bytes_per_token(self) -> float:
@@ -120,7 +120,7 @@ class Deployment:
         prefill query-key pair, s, at the bf16 peak)."""
         m, bandwidth = self.model, self.gpu.memory_bandwidth_gb_s * 1e9
         return {"W": self.streamed_bytes_per_gpu / bandwidth, "LAYERS": m.layers,
-                "ALLREDUCES": 2 * m.layers if self.tp > 1 else 0, "TOKEN": 2 * m.active_b * 1e9 / self.tp / self.flops,
+                "ALLREDUCES": 2 * m.layers if self.tp > 1 else 0, "TOKEN": 2 * m.active_params / self.tp / self.flops,
                 "COMM": self.allreduce_bytes_per_token / (self.gpu.interconnect_gb_s * 1e9),
                 "KV": self.kv_bytes_per_token / bandwidth,
                 "ATTN": 4 * m.layers * m.q_heads / self.tp * m.head_dim / (self.gpu.bf16_tflops * 1e12)}
