@@ -91,26 +91,28 @@ def _show_hf_config(path: Path, preset: str | None) -> None:
 
 
 def _show(preset: str, model_card=None) -> None:
-    """One preset's costs, and the KV cache it leaves at gpu_memory_utilization 0.9, max_num_batched_tokens
-    8192 and max_num_seqs 256 (vLLM's defaults on a large GPU)."""
+    """One preset's costs, vLLM's defaults for its GPU, and the KV cache num_blocks: auto leaves there."""
     from pydantic import ValidationError
 
-    from simbatch.config import DEVICE_COSTS, Device
-    from simbatch.config.resolve import deployment, resolve_device
-    from simbatch.hardware.memory import kv_budget
+    from simbatch.config import Scenario
+    from simbatch.config.resolve import resolve
+    from simbatch.hardware.report import preset_block
 
+    device = {"preset": preset} | ({"model_card": model_card} if model_card is not None else {})
     try:
-        device = resolve_device(Device(preset=preset, model_card=model_card))
+        scenario = resolve(Scenario.model_validate({"workload": {"num_requests": 1}, "device": device}))
     except ValidationError as exc:
         raise BadInput(f"{printable(preset)}: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
-    for key in DEVICE_COSTS:
-        typer.echo(f"{key:<34} {getattr(device, key):>10.6g}")
+    typer.echo(preset_block(scenario))
     try:
-        budget = kv_budget(deployment(device), 16, 0.9, 8192, 256)
-        typer.echo(f"{'kv_cache.num_blocks: auto':<34} {budget.blocks:>10,}  ({budget.blocks * 16:,} tokens of "
-                   f"16-token blocks: {budget.describe()})")
-    except ValueError as exc:
-        typer.echo(str(exc))
+        sized = resolve(scenario.model_copy(update={"kv_cache": scenario.kv_cache.model_copy(
+            update={"num_blocks": "auto"})}))
+    except ValidationError as exc:
+        typer.echo(exc.errors()[0]["msg"].removeprefix("Value error, "))
+        return
+    blocks = sized.resolution["kv_cache.num_blocks"]
+    typer.echo(f"  {'kv_cache.num_blocks: auto':<34} {blocks.value:>10,}  ({blocks.value * 16:,} tokens of 16-token "
+               f"blocks) from {blocks.note}")
 
 
 FILES_ARG = typer.Argument(..., metavar="FILE...", show_default=False,
