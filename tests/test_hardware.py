@@ -618,3 +618,11 @@ def test_the_shipped_measurements_are_the_shared_ones():
         original = measured.SHARED / p.parent.name / p.name
         if original.is_file():
             assert p.read_bytes() == original.read_bytes(), p.name
+
+
+def test_the_shipped_law_is_the_best_held_out():
+    """scripts/fit_hardware.py records each law's held-out error; the shipped one (cost.py's) is the least."""
+    _, record = fitted()
+    laws = record["laws"]
+    assert set(laws) == set(_script("fit_hardware").LAWS)
+    assert record["law"] == _script("fit_hardware").SHIPPED_LAW == min(laws, key=lambda law: laws[law]["mean"])
