@@ -626,3 +626,36 @@ def test_the_shipped_law_is_the_best_held_out():
     laws = record["laws"]
     assert set(laws) == set(_script("fit_hardware").LAWS)
     assert record["law"] == _script("fit_hardware").SHIPPED_LAW == min(laws, key=lambda law: laws[law]["mean"])
+
+
+def test_hardware_md_shows_what_presets_prints():
+    printed = invoke("presets", "llama-3.1-8b/H100").stdout
+    page = (ROOT / "docs" / "hardware.md").read_text(encoding="utf-8")
+    assert printed in page, "docs/hardware.md's `simbatch presets llama-3.1-8b/H100` block is stale: paste the output"
+
+
+def test_vllm_defaults_with_a_preset_and_explicit_keys_winning():
+    """Beside a preset, the keys a scenario leaves out are vllm serve's for that GPU, with their source."""
+    big = scenario(device={"preset": "llama-3.1-70b/H200/fp8"})
+    assert (big.batching.max_num_batched_tokens, big.batching.max_num_seqs) == (8192, 1024)
+    assert big.kv_cache.enable_prefix_caching and big.scheduler.async_scheduling
+    assert big.frontend.request_latency_ms == 3.0 and big.resolution["batching.max_num_seqs"].source == "vllm"
+    # An A100 has the small defaults whatever its memory; a 24 GiB card too.
+    for preset in ("llama-3.1-8b/A100-80GB", "llama-3.1-8b/RTX-4090"):
+        small = scenario(device={"preset": preset})
+        assert (small.batching.max_num_batched_tokens, small.batching.max_num_seqs) == (2048, 256)
+    # Explicit keys win; a scenario without a preset keeps simbatch's own defaults.
+    mine = scenario(device={"preset": "llama-3.1-8b/H100"}, batching={"max_num_seqs": 64},
+                    kv_cache={"enable_prefix_caching": False})
+    assert mine.batching.max_num_seqs == 64 and mine.batching.max_num_batched_tokens == 8192
+    assert not mine.kv_cache.enable_prefix_caching and "batching.max_num_seqs" not in mine.resolution
+    plain = scenario()
+    assert plain.batching.max_num_seqs == 64 and not plain.scheduler.async_scheduling
+    # vLLM runs a draft model synchronously; request-level batching is not vLLM's engine.
+    drafted = scenario(device={"preset": "llama-3.1-8b/H100", "speculative": {
+        "num_speculative_tokens": 2, "acceptance_rate": 0.5, "draft_cost_ms": 1.0}})
+    assert not drafted.scheduler.async_scheduling
+    static = scenario(device={"preset": "llama-3.1-8b/H100"}, batching={"mode": "static"})
+    assert static.batching.max_num_seqs == 64 and not static.kv_cache.enable_prefix_caching
+    # Resolution stays a fixpoint.
+    assert resolve(big) == big

@@ -41,11 +41,6 @@ METRICS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mea
            "request_throughput")
 """What the page compares, with vLLM's key names (``vllm bench serve --save-result``)."""
 
-FRONTEND_MS = {"request_latency_ms": 3.0, "response_latency_ms": 1.0}
-"""vLLM's API server in front of the engine (docs/hardware.md): its tokenizer batches prompts for up to
-2 ms (``AsyncMicrobatchTokenizer``, vLLM 0.14 and 0.19), plus an estimated 1 ms each way for HTTP,
-the hand-off to the engine core and the streamed event. Estimates from vLLM's source, not fitted."""
-
 _SERVING = "data/measured/serving"
 
 
@@ -78,12 +73,15 @@ class Case:
     client_side: bool = True  # the metrics are the client's (vllm bench serve), not the server's timestamps
     note: str = ""
 
-    def resolved(self, device: dict | None = None) -> Scenario:
-        """The case's scenario (its workload a placeholder), ``device`` replacing the device section's costs."""
-        data = {**self.scenario, "workload": {"num_requests": 1}}
+    def resolved(self, device: dict | None = None, num_requests: int = 1) -> Scenario:
+        """The case's scenario, resolved (vLLM's defaults and the preset's costs filled in), ``device``
+        replacing the device section's costs."""
+        from simbatch.config.resolve import resolve
+
+        data = {**self.scenario, "workload": {"num_requests": num_requests}}
         if device is not None:
             data["device"] = {**data["device"], **device}
-        return Scenario.model_validate(data)
+        return resolve(Scenario.model_validate(data))
 
     def workload(self, seed: int = 0) -> tuple[WorkloadArrays, int, float]:
         """The requests to simulate, the index of the first one measured (a warm-up pass before it), and
@@ -149,31 +147,25 @@ def simulate_case(case: Case, device: dict | None = None) -> dict[str, float]:
     from simbatch.simulation import simulate
 
     arrays, first, start = case.workload()
-    data = {**case.scenario, "workload": {"num_requests": len(arrays)}}
-    if device is not None:
-        data["device"] = {**data["device"], **device}
-    result = simulate(Scenario.model_validate(data), workload=arrays)
+    result = simulate(case.resolved(device, len(arrays)), workload=arrays)
     return measured_metrics(result.requests, first, start)
 
 
 def fingerprint(case: Case) -> dict[str, float]:
     """What the case's simulation depends on besides the engine: its resolved device costs and KV blocks."""
     sc = case.resolved()
-    dev = sc.device
-    out = {k: getattr(dev, k) for k in dev.sources() if k != "moe"}
-    if dev.moe is not None:
-        out |= {f"moe.{k}": v for k, v in dev.moe.model_dump().items()}
-    return out | {"num_blocks": sc.kv_cache.num_blocks}
+    out = {}
+    for key, p in sc.resolution.items():
+        out |= {f"{key}.{k}": v for k, v in p.value.model_dump().items()} if key.endswith(".moe") else {key: p.value}
+    return out
 
 
 # --------------------------------------------------------------------------- the cases
 def _h200_sweep() -> list[Case]:
     """vLLM 0.14.1 on an H200: Llama-3.1-70B-Instruct-FP8 with an fp8 cache, a ShareGPT rate sweep."""
     rows = pd.read_csv(_data("vllm0141_h200_llama70b_fp8_sharegpt_rates.csv"))
-    scenario = {"device": {"preset": "llama-3.1-70b/H200/fp8"},
-                "kv_cache": {"dtype": "fp8", "num_blocks": "auto", "enable_prefix_caching": True},
-                "batching": {"max_num_seqs": 1024, "max_num_batched_tokens": 8192},
-                "scheduler": {"async_scheduling": True}, "frontend": dict(FRONTEND_MS)}
+    # The server's own flags: the preset, its fp8 cache; every other setting is vLLM's default for an H200.
+    scenario = {"device": {"preset": "llama-3.1-70b/H200/fp8"}, "kv_cache": {"dtype": "fp8", "num_blocks": "auto"}}
     cases, previous = [], None
     for i, row in enumerate(rows.itertuples()):
         measured = {k: float(getattr(row, k)) for k in METRICS}
@@ -198,11 +190,12 @@ def _rtx4090_run() -> list[Case]:
                 "p99_ttft_ms": float(np.percentile(ttft, 99)), "mean_tpot_ms": float(reqs.tpot_ms.mean()),
                 "mean_itl_ms": float((e2e - ttft).sum() / (reqs.output_toks - 1).sum()),
                 "mean_e2el_ms": float(e2e.mean()), "request_throughput": len(reqs) / span}
+    # Its server-side timestamps start at the engine: no API server in front of the metrics.
     scenario = {"device": {"preset": "llama-3.1-8b/RTX-4090"},
                 "kv_cache": {"num_blocks": "auto", "enable_prefix_caching": bool(server.prefix_caching)},
                 "batching": {"max_num_seqs": int(server.max_num_seqs),
                              "max_num_batched_tokens": int(server.max_num_batched_tokens)},
-                "scheduler": {"async_scheduling": True}}
+                "frontend": {"request_latency_ms": 0.0, "response_latency_ms": 0.0}}
     return [Case("RTX 4090 8B @ 10/s", "rtx4090", "vLLM 0.19.0, 1x RTX 4090, Llama-3.1-8B bf16, max_num_seqs 256, "
                  "max_num_batched_tokens 2048, prefix caching, async scheduling",
                  "casys-kaist/LLMServingSim @ 5daddb2 (simbatch/data/measured/serving)", scenario, measured,
@@ -226,9 +219,12 @@ def _nightly(file: str, version: str) -> list[Case]:
         preset, budget, name = NIGHTLY[model]
         rate = test.rsplit("_", 1)[1]
         rate_value = math.inf if rate == "inf" else float(rate)
-        scenario = {"device": {"preset": preset}, "kv_cache": {"num_blocks": "auto"},
+        # vLLM 0.5's V0 engine: no prefix caching, no async scheduling, no tokenizer batching window.
+        scenario = {"device": {"preset": preset}, "kv_cache": {"num_blocks": "auto", "enable_prefix_caching": False},
                     "batching": {"max_num_seqs": 256, "max_num_batched_tokens": budget,
-                                 "enable_chunked_prefill": False}}
+                                 "enable_chunked_prefill": False},
+                    "scheduler": {"async_scheduling": False},
+                    "frontend": {"request_latency_ms": 1.0, "response_latency_ms": 1.0}}
         measured = {"mean_ttft_ms": row["Mean TTFT (ms)"], "mean_tpot_ms": row["Mean TPOT (ms)"],
                     "request_throughput": row["Tput (req/s)"]}
         cases.append(Case(f"A100 {model} vLLM {version} @ {rate}", f"nightly-{version}-{model}",

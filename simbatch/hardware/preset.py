@@ -39,7 +39,6 @@ import re
 from dataclasses import dataclass, fields
 from importlib import resources
 
-import numpy as np
 import yaml
 
 from simbatch.hardware.cards import GpuCard, ModelCard, shipped
@@ -84,6 +83,8 @@ class Efficiency:
                      LIN=0.0, COMM=0.0, KV=0.0, ATTN=0.0):
         """A whole step's time, s, under the decode roofline (simbatch/model/cost.py): the overheads, then
         the larger of the memory traffic (weights, KV) and the decode matmuls, then the prompt's compute."""
+        import numpy as np  # arrays of measured rows come here; the command line imports this module without it
+
         memory = self.seconds(W=W, GW=GW, KV=KV)
         decode = self.seconds(DEC=DEC)
         return self.seconds(STEP=STEP, LAYERS=LAYERS, ALLREDUCES=ALLREDUCES, EAGER_ALLREDUCES=EAGER_ALLREDUCES,
