@@ -72,6 +72,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from simbatch.config import Device
 from simbatch.model.clock import step_ns
 
@@ -221,8 +223,8 @@ class LinearCost:
 
     def experts_ms(self, tokens: int | float) -> float:
         """The routed experts ``tokens`` tokens read, ms: ``expert_read_ms L (1 - miss^(T dp))``."""
-        if not self.expert_read_ms or tokens <= 0:
-            return 0.0
+        if not self.expert_read_ms:
+            return 0.0  # (no tokens read none: miss^0 is 1; tokens may be an array, as the planner's are)
         return self.expert_read_ms * self.local_experts * (1.0 - self.expert_miss ** (tokens * self.expert_token_scale))
 
     def _context_units(self, kv_tokens: int | float, attention_pairs_x2: int | float) -> int | float:
@@ -236,7 +238,10 @@ class LinearCost:
         if self.weights_ms is not None:
             memory = self.weights_ms + self.experts_ms(decode_seqs + prefill_tokens) + \
                 self.kv_read_fs_per_token * kv_tokens / FS_PER_MS
-            return self.tau0_ms + max(memory, self.beta_ms * decode_seqs) + self.gamma_ms * prefill_tokens + \
+            compute = self.beta_ms * decode_seqs
+            side = np.maximum(memory, compute) if isinstance(memory, np.ndarray) or isinstance(compute, np.ndarray) \
+                else max(memory, compute)
+            return self.tau0_ms + side + self.gamma_ms * prefill_tokens + \
                 self.swap_ms_per_block * swap_blocks + self.attention_fs_per_pair * attention_pairs / FS_PER_MS
         base = self.tau0_ms + self.beta_ms * decode_seqs + self.gamma_ms * prefill_tokens + \
             self.swap_ms_per_block * swap_blocks
