@@ -174,8 +174,10 @@ def _h200_sweep() -> list[Case]:
             "fp8 KV cache, max_num_batched_tokens 8192, prefix caching, async scheduling",
             "DO-Solutions/gtc-2026-doks @ c70febac (simbatch/data/measured/serving)", scenario, measured,
             num_prompts=int(row.num_prompts), rate=float(row.request_rate), warm=previous, half=i % 2,
-            note="" if previous is None else "the same 300 prompts were sent at the previous rate: their prefixes are "
-            "cached"))
+            note=f"the same {int(row.num_prompts)} prompts were sent at every rate to one running server, so from "
+            "the second rate on they found their prefixes cached: each of those runs is simulated after a pass of "
+            "the same prompts at the previous rate (only its own pass measured), and calibrated with the hit rate "
+            "that leaves (every full block before a prompt's last token)"))
         previous = float(row.request_rate)
     return cases
 
@@ -256,12 +258,27 @@ def bench_json(case: Case) -> dict:
     n = len(prompt)
     return {**case.measured, "completed": n, "num_prompts": n, "total_input_tokens": int(prompt.sum()),
             "total_output_tokens": int(output.sum()), "request_rate": case.rate,
-            "input_lens": prompt.tolist()}
+            "input_lens": prompt.tolist(), "output_lens": output.tolist()}
+
+
+def warm_hit_rate(case: Case) -> float:
+    """The share of the measured prompts' tokens the prefix cache holds when they arrive: 0 for a cold
+    run; for a run that re-sent the previous run's prompts, every full block before each prompt's last
+    token (vLLM computes a prompt's last token whatever the cache holds), as the simulation finds them."""
+    if case.warm is None or not case.resolved().kv_cache.enable_prefix_caching:
+        return 0.0
+    arrays, first, _ = case.workload()
+    prompt = arrays.prompt_tokens[first:]
+    block = case.resolved().kv_cache.block_size
+    return float((block * ((prompt - 1) // block)).sum() / prompt.sum())
 
 
 def calibrated_device(case: Case, group: list[Case]) -> dict | None:
     """The five costs ``simbatch calibrate`` fits to the other half of the case's group, its preset's delta and
-    epsilon held; None for a case measured alone."""
+    epsilon held; None for a case measured alone. The fit is told what the simulated server does outside
+    the GPU (its scheduling, its frontend's latency) and what each run found cached (:func:`warm_hit_rate`),
+    as a user who knows their server would tell it; left to guess, it reads these files as undated, so
+    synchronous, and uncached, and puts the re-sent prompts' prefill into every step."""
     from simbatch.hardware.calibrate import PARAMS, calibrate
 
     others = [c for c in group if c.half != case.half and c.half >= 0]
@@ -269,12 +286,15 @@ def calibrated_device(case: Case, group: list[Case]) -> dict | None:
         return None
     preset = case.resolved()
     start = {k: getattr(preset.device, k) for k in PARAMS}
+    frontend_ms = preset.frontend.request_latency_ms + preset.frontend.response_latency_ms
     with tempfile.TemporaryDirectory() as tmp:
-        paths = []
+        paths, hit_rates = [], {}
         for i, other in enumerate(others):
             paths.append(Path(tmp) / f"{i}.json")
             paths[-1].write_text(json.dumps(bench_json(other), default=float), encoding="utf-8")
-        fit = calibrate(paths, start=start)
+            hit_rates[paths[-1]] = warm_hit_rate(other)
+        fit = calibrate(paths, start=start, frontend_ms=frontend_ms,
+                        async_scheduling=preset.scheduler.async_scheduling, hit_rates=hit_rates)
     return {k: float(f"{v:.6g}") for k, v in fit.params.items()}
 
 
@@ -334,14 +354,19 @@ signed error of the simulation, `simulated / measured - 1`, in two ways:
   run was used to fit anything;
 - **calibrated**: the same scenario with the five costs `simbatch calibrate` fits to the *other* runs of
   the same server: a server's runs are split in two halves, alternating by rate, and each half is
-  predicted from the other (the preset's delta and epsilon held). A server measured once has none.
+  predicted from the other (the preset's delta and epsilon held; the fit told the server's scheduling,
+  its frontend's latency and each run's prefix-cache hit rate). A server measured once has none.
 
 Requests: the run's own (lengths and send times) where it recorded them; otherwise as many ShareGPT
 pairs as it sent, drawn from what `vllm bench serve --dataset-name sharegpt` sends
 (simbatch/data/sharegpt_lengths.csv), at its rate as its client draws arrivals, one fixed seed for all.
 So a run's measured means differ from the simulated workload's by the sample too (about 5 % on 300
-prompts). Metrics are vLLM's (`vllm bench serve`): TTFT from the request's send, TPOT per request
-over its tokens after the first, ITL over every gap, E2E, throughput over the run. Regenerate with
+prompts). A run that re-sent an earlier run's prompts to the same server (the H200 sweep sent the same
+300 at every rate) found them in the prefix cache: it is simulated after a pass of those prompts at the
+earlier rate, with prefix caching on as the server had it, so its prompts prefill only their last
+partial block; the calibration is told that hit rate. Metrics are vLLM's (`vllm bench serve`): TTFT
+from the request's send, TPOT per request over its tokens after the first, ITL over every gap, E2E,
+throughput over the run. Regenerate with
 
     .venv/bin/python scripts/gen_accuracy.py
 
@@ -371,14 +396,16 @@ def errors(row: dict, kind: str) -> dict[str, float | None]:
 
 
 def summary_table(rows: list[dict]) -> list[str]:
-    """Median |error| per metric over every run that measured it, preset and calibrated, and how many runs."""
+    """Median |error| per metric over every run that measured it, preset and calibrated, and how many runs:
+    over every run, then over the V1 engine's alone (vLLM's engine today)."""
     out = ["| | " + " | ".join(LABELS[k] for k in METRICS) + " |", "| --- |" + " ---: |" * len(METRICS)]
-    for kind in ("preset", "calibrated"):
-        cells = []
-        for k in METRICS:
-            values = [abs(e) for r in rows if (e := errors(r, kind)[k]) is not None]
-            cells.append("—" if not values else f"{np.median(values):.1%} ({len(values)})")
-        out.append(f"| median \\|error\\|, {kind} (runs) | " + " | ".join(cells) + " |")
+    for runs, which in ((rows, ""), ([r for r in rows if "V0 engine" not in r["server"]], ", V1 engine")):
+        for kind in ("preset", "calibrated"):
+            cells = []
+            for k in METRICS:
+                values = [abs(e) for r in runs if (e := errors(r, kind)[k]) is not None]
+                cells.append("—" if not values else f"{np.median(values):.1%} ({len(values)})")
+            out.append(f"| median \\|error\\|, {kind}{which} (runs) | " + " | ".join(cells) + " |")
     return out
 
 
