@@ -659,3 +659,34 @@ def test_vllm_defaults_with_a_preset_and_explicit_keys_winning():
     assert static.batching.max_num_seqs == 64 and not static.kv_cache.enable_prefix_caching
     # Resolution stays a fixpoint.
     assert resolve(big) == big
+
+
+def test_a_preset_turns_on_async_scheduling_and_the_api_servers_latency():
+    """With a preset, scheduler.async_scheduling and the frontend's two latencies are vLLM's (recorded as
+    such, hardware/defaults.py), explicit keys win, and the run pays them: a request alone on an idle
+    server sees its first token request + prefill step + response later."""
+    from simbatch.hardware.defaults import FRONTEND_MS
+    from simbatch.simulation import simulate
+
+    preset = scenario(device={"preset": "llama-3.1-8b/H100"})
+    assert preset.scheduler.async_scheduling
+    assert (preset.frontend.request_latency_ms, preset.frontend.response_latency_ms) == \
+        (FRONTEND_MS["request_latency_ms"], FRONTEND_MS["response_latency_ms"]) == (3.0, 1.0)
+    for key in ("scheduler.async_scheduling", "frontend.request_latency_ms", "frontend.response_latency_ms"):
+        assert preset.resolution[key].source == "vllm", key
+    mine = scenario(device={"preset": "llama-3.1-8b/H100"}, scheduler={"async_scheduling": False},
+                    frontend={"request_latency_ms": 0.5, "response_latency_ms": 0.0})
+    assert not mine.scheduler.async_scheduling
+    assert (mine.frontend.request_latency_ms, mine.frontend.response_latency_ms) == (0.5, 0.0)
+    assert "frontend.request_latency_ms" not in mine.resolution
+    # Without a preset, simbatch's own engine: no time outside the steps, one step at a time.
+    plain = scenario()
+    assert (plain.frontend.request_latency_ms, plain.frontend.response_latency_ms) == (0.0, 0.0)
+    alone = {"num_requests": 1, "prompt_tokens": {"dist": "fixed", "value": 100},
+             "output_tokens": {"dist": "fixed", "value": 4}}
+    ttft = {}
+    for name, frontend in (("vllm", {}), ("none", {"request_latency_ms": 0.0, "response_latency_ms": 0.0})):
+        sc = resolve(Scenario.model_validate({"workload": alone, "device": {"preset": "llama-3.1-8b/H100"},
+                                              "frontend": frontend}))
+        ttft[name] = float(simulate(sc).requests["ttft_s"].iloc[0])
+    assert ttft["vllm"] - ttft["none"] == pytest.approx(4e-3, abs=1e-9)
