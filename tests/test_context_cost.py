@@ -18,7 +18,7 @@ from simbatch.analysis.capacity import expected_stability, mean_context_tokens, 
 from simbatch.config import Device, Scenario
 from simbatch.engine import Engine
 from simbatch.model.clock import step_ns
-from simbatch.model.cost import LinearCost, StepRun, floor_sum, step_time_s
+from simbatch.model.cost import LinearCost, StepRun, SwitchingRun, floor_sum, step_time_s
 from simbatch.schedulers import StepPlan
 from simbatch.simulation import simulate
 from simbatch.workload import generate
@@ -43,6 +43,43 @@ def test_a_run_sums_and_inverts_its_steps_exactly(base_ns, num, inc, i0, m, dt_n
     want = next((j for j in range(1, 200) if sum(steps[i0:i0 + j]) >= dt_ns), None)
     if want is not None:
         assert run.reach(i0, dt_ns) == want
+
+
+@given(st.integers(1, 5 * 10**7), st.integers(1, 60), st.integers(1, 5 * 10**7), st.integers(0, 4 * 10**6),
+       st.integers(1, 10**7), st.integers(0, 80), st.integers(1, 40), st.integers(-5, 2 * 10**9))
+def test_a_switching_run_sums_and_inverts_its_steps_exactly(flat_ns, switch, base_ns, num, inc, i0, m, dt_ns):
+    """The decode roofline's run: ``switch`` repeats of ``flat_ns``, then a growing progression."""
+    run = SwitchingRun(flat_ns, switch, base_ns, num, inc)
+    steps = [flat_ns if i < switch else base_ns + (num + i * inc) // 2_000_000 for i in range(i0 + 200)]
+    assert run.ns(i0, m) == sum(steps[i0:i0 + m])
+    want = next((j for j in range(1, 200) if sum(steps[i0:i0 + j]) >= dt_ns), None)
+    if want is not None:
+        assert run.reach(i0, dt_ns) == want
+
+
+def test_the_decode_roofline_by_hand():
+    """tau0 + max(weights + delta K, beta B) + gamma P + epsilon A: 8 decodes at 1 ms each outlast
+    5 ms of weights and 2 us per cached token until the context passes 1,500 tokens; a run of them
+    switches branch once, where the memory side overtakes, and sums what stepping sums."""
+    device = Device(tau0_ms=1.0, beta_ms=1.0, prefill_ms_per_token=0.1, weights_ms=5.0,
+                    kv_read_ms_per_1k_tokens=2.0, prefill_attention_ms_per_1m_pairs=10.0)
+    cost = LinearCost.of(device)
+    decode = StepPlan(decode_seqs=8, kv_tokens=1_000)
+    assert cost.plan_ns(decode) == step_ns(1.0) + 8_000_000  # max(5 + 2, 8) ms
+    assert cost.step_ms(8, 0, 0, 1_000) == pytest.approx(9.0)
+    mixed = StepPlan(decode_seqs=8, prefill_tokens=100, kv_tokens=2_000, attention_pairs_x2=20_000)
+    # max(5 + 4, 8) = 9 ms of memory, then 10 ms of prompt and 0.1 ms of attention.
+    assert cost.plan_ns(mixed) == step_ns(1.0 + 10.0) + 9_100_000
+    assert cost.step_ms(8, 100, 0, 2_000, 10_000) == pytest.approx(20.1)
+    run = cost.run(decode)
+    assert isinstance(run, SwitchingRun)
+    stepped = [cost.plan_ns(StepPlan(decode_seqs=8, kv_tokens=1_000 + 8 * i)) for i in range(400)]
+    assert stepped[0] == stepped[62] < stepped[63]  # 1,000 + 8 i reaches 1,500 at i = 62.5
+    assert [run.ns(0, m) for m in (1, 62, 63, 64, 400)] == [sum(stepped[:m]) for m in (1, 62, 63, 64, 400)]
+    assert run.ns(50, 100) == sum(stepped[50:150])
+    # Without weights_ms every cost adds, as ever.
+    added = LinearCost.of(Device(tau0_ms=6.0, beta_ms=1.0, kv_read_ms_per_1k_tokens=2.0))
+    assert added.plan_ns(decode) == step_ns(6.0 + 8.0) + 2_000_000
 
 
 def test_a_run_of_a_trillion_steps_costs_a_few_operations():

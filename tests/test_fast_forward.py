@@ -93,6 +93,13 @@ def scenarios(draw) -> dict:
                    # Half the examples read their context: runs of decodes then grow step by step.
                    "kv_read_ms_per_1k_tokens": draw(st.one_of(st.just(0.0), st.floats(0, 2))),
                    "prefill_attention_ms_per_1m_pairs": draw(st.one_of(st.just(0.0), st.floats(0, 20))),
+                   # A third under the decode roofline, where a run switches branch once as its context
+                   # grows past the decode matmuls; some with a mixture of experts' reads besides.
+                   "weights_ms": draw(st.one_of(st.none(), st.none(), st.floats(0, 10))),
+                   "moe": draw(st.one_of(st.none(), st.builds(
+                       lambda e, k, ms, dp: {"num_experts": e, "experts_per_token": min(k, e), "local_experts": e,
+                                             "expert_read_ms": ms, "data_parallel_size": dp},
+                       st.integers(2, 64), st.integers(1, 8), st.floats(0, 0.5), st.integers(1, 4)))),
                    "speculative": speculative},
         "kv_cache": {"block_size": draw(st.sampled_from([1, 4, 16])), "num_blocks": draw(st.integers(40, 3000)),
                      "swap_blocks": draw(st.integers(0, 400)), "swap_ms_per_block": draw(st.floats(0, 0.5)),

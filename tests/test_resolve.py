@@ -94,7 +94,8 @@ def test_each_preset_cost_records_its_source_and_value():
 
 def test_a_groups_own_preset_has_its_own_record():
     resolved = resolve(CASES["fleet"])
-    assert resolved.resolution.sources("cluster.replica_specs.1.device") == dict.fromkeys(DEVICE_COSTS, "preset")
+    assert resolved.resolution.sources("cluster.replica_specs.1.device") == \
+        dict.fromkeys((*DEVICE_COSTS, "weights_ms"), "preset")
     assert resolved.resolution["cluster.replica_specs.1.device.tau0_ms"].note == H200
     assert resolved.cluster.replica_specs[1].device.tau0_ms == resolve_device(Device(preset=H200)).tau0_ms
 
@@ -102,12 +103,14 @@ def test_a_groups_own_preset_has_its_own_record():
 def test_auto_blocks_for_the_scenario_and_every_group():
     resolved = resolve(CASES["fleet"])
     record = resolved.resolution
-    h100 = kv_budget(parse(H100), 16, 0.9, 2048, 64)
+    # The scenario's batching is vLLM's on an H100 (the keys it leaves out: 8192 tokens, 1024 slots).
+    assert record["batching.max_num_seqs"].source == "vllm"
+    h100 = kv_budget(parse(H100), 16, 0.9, 8192, 1024)
     top = record["kv_cache.num_blocks"]
     assert (top.value, top.source, top.note) == (h100.blocks, "preset", f"{H100}: {h100.describe()}")
     # A group on its own GPU, or with its own batching, gets the scenario's auto cache sized for itself.
     h200 = record["cluster.replica_specs.1.kv_cache.num_blocks"]
-    assert h200.source == "preset" and h200.value == kv_budget(parse(H200), 16, 0.9, 2048, 64).blocks
+    assert h200.source == "preset" and h200.value == kv_budget(parse(H200), 16, 0.9, 8192, 1024).blocks
     small = record["cluster.replica_specs.2.kv_cache.num_blocks"]
     assert small.value == kv_budget(parse(H100), 16, 0.9, 1024, 32).blocks
     logged = record["cluster.replica_specs.3.kv_cache.num_blocks"]
@@ -144,12 +147,13 @@ def test_a_number_made_from_auto_keeps_its_record():
 def test_a_resolved_scenario_changed_is_resolved_anew():
     once = resolve(CASES["preset"])
     other = once.model_copy(update={"device": Device(preset=H200)})
-    assert resolve(other).device.tau0_ms == resolve_device(Device(preset=H200)).tau0_ms != once.device.tau0_ms
+    assert resolve(other).device.weights_ms == resolve_device(Device(preset=H200)).weights_ms != once.device.weights_ms
 
 
 def test_the_steps_are_in_order():
     # Blocks from memory read the resolved devices; the KV transfer reads the prefill pool's preset.
-    assert [s.__name__ for s in STEPS] == ["_device_costs", "_kv_blocks", "_kv_transfer"]
+    # vLLM's defaults come first: the blocks read the batching they set.
+    assert [s.__name__ for s in STEPS] == ["_vllm_defaults", "_device_costs", "_kv_blocks", "_kv_transfer"]
 
 
 # --------------------------------------------------------------------------- who resolves
@@ -177,12 +181,12 @@ def test_the_loader_resolves():
 # --------------------------------------------------------------------------- failures
 def test_resolution_failures_are_located_as_validation_locates_them(tmp_path):
     bad = validated(cluster={"replica_specs": [{"count": 1, "device": {"preset": "llama-9/H200"}},
-                                               {"count": 1, "device": {"preset": "llama-3.1-8b/B200"}}]})
+                                               {"count": 1, "device": {"preset": "llama-3.1-8b/TPU-v5e"}}]})
     with pytest.raises(ValidationError) as info:
         resolve(bad)
     assert [(e["loc"], e["msg"].split(";")[0]) for e in info.value.errors()] == [
         (("cluster", "replica_specs", 0, "device"), "Value error, unknown model 'llama-9'"),
-        (("cluster", "replica_specs", 1, "device"), "Value error, unknown GPU 'B200'")]
+        (("cluster", "replica_specs", 1, "device"), "Value error, unknown GPU 'TPU-v5e'")]
     text = ("workload: {num_requests: 5}\ncluster:\n  replica_specs:\n    - count: 1\n"
             "      device: {preset: llama-9/H200}\n")
     path = tmp_path / "s.yaml"

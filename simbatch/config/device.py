@@ -1,7 +1,8 @@
-"""``device``: what one engine step costs, and speculative decoding.
+"""``device``: what one engine step costs, a mixture of experts' reads, and speculative decoding.
 
-A step takes ``tau0 + beta*B + gamma*P + delta*K + epsilon*A`` (:mod:`simbatch.model.cost`, the one
-place the formula lives). This section holds the five costs as the file gives them, or a
+A step takes ``tau0 + beta*B + gamma*P + delta*K + epsilon*A``, or with ``weights_ms`` the decode
+roofline ``tau0 + max(weights + experts + delta*K, beta*B) + gamma*P + epsilon*A``
+(:mod:`simbatch.model.cost`, the one place the formula lives). This section holds the five costs as the file gives them, or a
 ``preset`` naming a model and a GPU; it does not derive anything. Deriving the preset's costs for
 the keys the file leaves out is resolution's work (:mod:`simbatch.config.resolve`), which records
 where each cost came from. A section without a preset is already what the engine runs.
@@ -58,6 +59,28 @@ class Speculative(_Model):
 
 
 
+class MoE(_Model):
+    """A mixture of experts' routed experts (simbatch/model/cost.py): a step whose T tokens each choose k of
+    E experts reads the ``E (1 - (1 - k/E)^T)`` distinct ones they chose, not a fixed share."""
+
+    num_experts: int = Field(gt=1, strict=True, description="E: routed experts per layer.")
+    experts_per_token: PosInt = Field(description="k: experts each token is routed to.")
+    local_experts: PosInt = Field(description="Of the E, those one GPU reads from: all (a tensor-parallel slice of "
+                                  "each) without expert parallelism, E / ep with it.")
+    expert_read_ms: NonNegFloat = Field(
+        le=MAX_CONTEXT_COST_MS, description="Time to stream one local expert (its slice) through every MoE layer, ms.")
+    data_parallel_size: PosInt = Field(default=1, description="Data-parallel attention ranks whose tokens reach "
+                                       "each GPU's experts (vLLM --data-parallel-size with --enable-expert-parallel); "
+                                       "the step's tokens count this many times.")
+
+    @model_validator(mode="after")
+    def _counts(self) -> MoE:
+        if self.experts_per_token > self.num_experts or self.local_experts > self.num_experts:
+            raise ValueError(f"experts_per_token ({self.experts_per_token}) and local_experts ({self.local_experts}) "
+                             f"are at most num_experts ({self.num_experts})")
+        return self
+
+
 class Device(_Model):
     """The cost model (simbatch/model/cost.py): one engine step takes tau0 + beta*B + gamma*P + delta*K + epsilon*A.
 
@@ -77,8 +100,13 @@ class Device(_Model):
         default=0.0, le=MAX_CONTEXT_COST_MS,
         description="epsilon: prefill attention compute per 1,000,000 (query, key) token pairs, ms; a "
         "chunk of c tokens after k cached has c * (k + c / 2) pairs.")
+    weights_ms: NonNegFloat | None = Field(
+        default=None, le=MAX_CONTEXT_COST_MS,
+        description="The weights' stream per step, ms: given, a step is tau0 + max(weights_ms + experts + delta K, "
+        "beta B) + gamma P + epsilon A (the decode roofline: decode matmuls hide under the memory traffic, tau0 "
+        "the overheads alone); omitted, every cost adds. Presets set it, unless tau0_ms is given.")
     preset: str | None = Field(
-        default=None, description="<model>/<gpu>[/tpN][/fp8], e.g. llama-3.1-8b/H100-SXM/tp2: the five costs "
+        default=None, description="<model>/<gpu>[/tpN][/epN][/fp8], e.g. llama-3.1-8b/H100-SXM/tp2: the costs "
         "above from public specs (`simbatch presets` lists the names); keys given here override it.")
     gpu_card: GpuCard | None = Field(default=None, description="Your own GPU card, named in `preset` "
                                      "(docs/hardware.md).")
@@ -86,6 +114,8 @@ class Device(_Model):
     speculative: Speculative | None = Field(
         default=None, description="Speculative decoding: k drafts per decode step, each accepted with probability "
         "alpha (continuous batching only; docs/concepts.md).")
+    moe: MoE | None = Field(default=None, description="A mixture of experts' routed experts, read as the step's "
+                            "tokens choose them; from the preset of a MoE model when omitted.")
 
     # The model runs in seconds: the settings in s, converted here and nowhere else (see ``seconds``).
     @property

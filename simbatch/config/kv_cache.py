@@ -27,6 +27,10 @@ class KVCache(_Model):
     """Paged KV cache: fixed-size blocks, allocated as sequences grow."""
 
     block_size: PosInt = Field(default=16, description="Tokens per block.")
+    dtype: Literal["auto", "bf16", "bfloat16", "fp16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
+        default="auto", description="The cache's element type, vLLM's --kv-cache-dtype: auto is the model's (bf16), "
+        "or fp8 where its checkpoint quantises the cache (ModelOpt kv_cache_quant_algo); fp8 halves the bytes a "
+        "token caches, so the preset's KV read and the blocks num_blocks: auto gives.")
     num_blocks: PosInt | Literal["auto"] = Field(
         default=8192, description="Blocks on the device; auto: from the GPU's memory as vLLM sizes it (needs "
         "device.preset), or from gpu_kv_cache_tokens.")
@@ -54,6 +58,13 @@ class KVCache(_Model):
             return value
         raise ValueError(f"num_blocks must be a whole number of blocks greater than 0 and at most "
                          f"{MAX_NUM_BLOCKS:,} (a hundred times what the largest GPU holds), or auto")
+
+    def dtype_bytes(self, model_kv_dtype: str | None = None) -> str:
+        """``dtype`` as bf16 or fp8 (two bytes or one per element); ``auto`` is ``model_kv_dtype`` (what the
+        model's checkpoint asks for) or bf16."""
+        if self.dtype == "auto":
+            return model_kv_dtype or "bf16"
+        return "fp8" if self.dtype.startswith("fp8") else "bf16"
 
     @property
     def blocks_from_tokens(self) -> int | None:

@@ -303,7 +303,7 @@ def scenario_from_dict(data: Any, source: str = "<scenario>", marks: dict | None
         raise ScenarioError([Problem(source, "", f"the scenario is {kind}; expected a YAML mapping of sections "
                                                  "(workload, device, batching, ...)")])
     try:
-        scenario = Scenario.model_validate(data)
+        scenario = Scenario.model_validate(data, context={"base_dir": base_dir})
         scenario._base_dir = base_dir
         scenario = resolve(scenario)
     except ValidationError as exc:

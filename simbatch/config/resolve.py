@@ -3,9 +3,14 @@
 A validated :class:`~simbatch.config.Scenario` is data: what the file says. Some of what the engine
 needs follows from it without being written in it, and :func:`resolve` fills that in:
 
+0. **vLLM's defaults**: beside a ``device.preset`` the engine is vLLM V1 as ``vllm serve`` runs it on
+   that GPU, so the keys a file leaves out take vLLM's values (:mod:`simbatch.hardware.defaults`):
+   ``max_num_seqs`` and ``max_num_batched_tokens`` by the GPU's memory, prefix caching on, async
+   scheduling on, the API server's latency in front;
 1. **device costs** (every device: the scenario's and each replica group's own): the keys a file
    leaves out beside ``device.preset`` take the preset's values, from the model and GPU cards and
-   the fitted efficiencies (:mod:`simbatch.hardware.preset`);
+   the fitted efficiencies (:mod:`simbatch.hardware.preset`), for the KV cache's dtype
+   (``kv_cache.dtype``: ``auto`` is what the model's checkpoint asks for, else bf16);
 2. **KV blocks**: ``kv_cache.num_blocks: auto`` becomes the blocks left in the GPU's memory once the
    weights and activations are in (:mod:`simbatch.hardware.memory`, as vLLM sizes its cache), and
    ``gpu_kv_cache_tokens`` the blocks that many tokens fill; for the scenario's cache and each group's;
@@ -32,13 +37,14 @@ you; :func:`resolve` is for a scenario validated by hand whose derived values yo
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from simbatch.config.batching import Batching
 from simbatch.config.cluster import ReplicaSpec
-from simbatch.config.device import DEVICE_COSTS, Device
+from simbatch.config.device import DEVICE_COSTS, Device, MoE
 from simbatch.config.kv_cache import KVCache
 from simbatch.config.provenance import Provenance, Resolution
 from simbatch.config.scenario import Scenario, sized_caches
@@ -72,35 +78,118 @@ def _decided(model: M, **values: Any) -> M:
     return out
 
 
+# --------------------------------------------------------------------------- vLLM's defaults
+def _unset(section: BaseModel, values: dict[str, tuple[object, str]], prefix: str, where: str,
+           record: Record) -> BaseModel:
+    """``section`` with the ``values`` of its own keys (``prefix.key``) that the file leaves out, each recorded
+    under ``where.key`` as vLLM's."""
+    taken = {key.removeprefix(prefix + "."): (value, why) for key, (value, why) in values.items()
+             if key.startswith(prefix + ".") and key.removeprefix(prefix + ".") not in section.model_fields_set}
+    for key, (value, why) in taken.items():
+        record[f"{where}.{key}"] = Provenance(value, "vllm", why)
+    changed = {k: v for k, (v, _) in taken.items() if getattr(section, k) != v}
+    return _decided(section, **changed) if changed else section
+
+
+def _vllm(device: Device, batching: Batching) -> dict[str, tuple[object, str]]:
+    """What vLLM sets for the device's model and GPU, or nothing without a preset."""
+    from simbatch.hardware.defaults import defaults
+
+    d = deployment(device) if device.preset is not None else None
+    if d is None:
+        return {}
+    out = defaults(d.gpu, d.model, batching.enable_chunked_prefill)
+    if batching.mode != "continuous":  # vLLM's defaults are its continuous engine's
+        return {k: v for k, v in out.items() if not k.startswith(("batching.", "kv_cache."))}
+    tokens, why = out["batching.max_num_batched_tokens"]
+    if "max_num_seqs" in batching.model_fields_set and "max_num_batched_tokens" not in batching.model_fields_set \
+            and tokens < batching.max_num_seqs:  # vLLM refuses a budget below the slots: the slots' count
+        out["batching.max_num_batched_tokens"] = (batching.max_num_seqs, f"{why}, raised to max_num_seqs")
+    return out
+
+
+def _vllm_defaults(scenario: Scenario, record: Record) -> Scenario:
+    """Step 0: beside a preset, the batching, caching, scheduling and frontend keys a file leaves out take
+    vLLM V1's values for that GPU (:mod:`simbatch.hardware.defaults`); a group with its own device and
+    batching, its GPU's. Async scheduling only where every replica batches continuously and none runs a
+    draft model (vLLM turns it off then); prefix caching not for a disaggregated cluster's caches."""
+    try:
+        values = _vllm(scenario.device, scenario.batching)
+    except ValueError as exc:
+        raise _invalid([_Failed("device", str(exc), scenario.device.model_dump(exclude_unset=True))]) from None
+    groups = scenario.cluster.named_groups()
+    devices = [scenario.device] + [spec.device for _, spec in groups if spec.device is not None]
+    batchings = [scenario.batching] + [spec.batching for _, spec in groups if spec.batching is not None]
+    if not all(b.mode == "continuous" for b in batchings) or any(d.speculative is not None for d in devices):
+        values.pop("scheduler.async_scheduling", None)
+    disaggregated = scenario.cluster.disaggregated is not None
+    if disaggregated or not all(b.mode == "continuous" for b in batchings):
+        values.pop("kv_cache.enable_prefix_caching", None)
+    if not values:
+        return scenario
+    updates = {name: _unset(getattr(scenario, name), values, name, name, record)
+               for name in ("batching", "kv_cache", "scheduler", "frontend")}
+    specs = {}
+    for where, spec in groups:
+        if spec.device is None or spec.batching is None or spec.device.preset is None:
+            continue
+        own = _vllm(spec.device, spec.batching)
+        if disaggregated:
+            own.pop("kv_cache.enable_prefix_caching", None)
+        batching = _unset(spec.batching, own, "batching", f"{where}.batching", record)
+        cache = spec.kv_cache if spec.kv_cache is None else _unset(spec.kv_cache, own, "kv_cache",
+                                                                    f"{where}.kv_cache", record)
+        if batching is not spec.batching or cache is not spec.kv_cache:
+            specs[where] = _decided(spec, batching=batching, kv_cache=cache)
+    out = _with_groups(scenario, specs)
+    changed = {k: v for k, v in updates.items() if v is not getattr(scenario, k)}
+    return _decided(out, **changed) if changed else out
+
+
 # --------------------------------------------------------------------------- the device's costs
-def deployment(device: Device) -> Deployment | None:
+def deployment(device: Device, cache: KVCache | None = None) -> Deployment | None:
     """The :class:`~simbatch.hardware.preset.Deployment` ``device.preset`` names (with the device's own
-    cards), or None without a preset; ValueError, saying what to write, for a name that names none."""
+    cards), for ``cache``'s dtype (bf16 without one), or None without a preset; ValueError, saying what
+    to write, for a name that names none."""
     if device.preset is None:
         return None
-    return parse(device.preset, {device.gpu_card.name: device.gpu_card} if device.gpu_card else None,
-                 {device.model_card.name: device.model_card} if device.model_card else None)
+    d = parse(device.preset, {device.gpu_card.name: device.gpu_card} if device.gpu_card else None,
+              {device.model_card.name: device.model_card} if device.model_card else None)
+    dtype = "bf16" if cache is None else cache.dtype_bytes(d.model.kv_cache_dtype)
+    return d if dtype == d.kv_dtype else replace(d, kv_dtype=dtype)
 
 
-def _device(device: Device, where: str) -> tuple[Device, Record]:
-    """The device with its preset's costs where it gives none, and each cost's provenance."""
+ROUTED = ("weights_ms", "moe")
+"""Device keys a preset sets beside the five costs: the decode roofline's weight stream, a MoE's experts."""
+
+
+def _device(device: Device, where: str, cache: KVCache | None = None) -> tuple[Device, Record]:
+    """The device with its preset's costs where it gives none, for ``cache``'s dtype, and each cost's
+    provenance. A ``tau0_ms`` of the file's own is a whole fixed cost: the costs then add, and the preset's
+    weight stream is left out."""
     try:
-        d = deployment(device)
+        d = deployment(device, cache)
     except ValueError as exc:
         raise _Failed(where, str(exc), device.model_dump(exclude_unset=True)) from None
     given = device.model_fields_set
+    derived = {} if d is None else d.device_ms(fitted()[0])
+    if "tau0_ms" in given:
+        derived.pop("weights_ms", None)
     # Six significant digits, as printed; every value is finite and >= 0, as validation would demand.
-    taken = {} if d is None else {k: float(f"{v:.6g}") for k, v in d.device_ms(fitted()[0]).items() if k not in given}
-    record = {f"{where}.{k}": Provenance(taken[k], "preset", d.name) if k in taken else
-              Provenance(getattr(device, k), "explicit" if k in given else "default") for k in DEVICE_COSTS}
+    taken = {k: MoE(**{n: float(f"{v:.6g}") if isinstance(v, float) else v for n, v in value.items()})
+             if k == "moe" else float(f"{value:.6g}") for k, value in derived.items() if k not in given}
+    how = "" if d is None else d.name + (", fp8 KV cache" if d.kv_dtype == "fp8" else "")
+    keys = DEVICE_COSTS + tuple(k for k in ROUTED if k in taken or k in given)
+    record = {f"{where}.{k}": Provenance(taken[k], "preset", how) if k in taken else
+              Provenance(getattr(device, k), "explicit" if k in given else "default") for k in keys}
     return (_decided(device, **taken) if taken else device), record
 
 
-def resolve_device(device: Device) -> Device:
+def resolve_device(device: Device, cache: KVCache | None = None) -> Device:
     """A device section alone, resolved: its preset's costs filled in where it gives none (itself
-    without a preset). ValidationError for a preset that names no model and GPU."""
+    without a preset), for ``cache``'s dtype. ValidationError for a preset that names no model and GPU."""
     try:
-        return _device(device, "device")[0]
+        return _device(device, "device", cache)[0]
     except _Failed as failed:
         raise _invalid([failed], "Device") from None
 
@@ -120,13 +209,15 @@ def _with_groups(scenario: Scenario, specs: dict[str, ReplicaSpec]) -> Scenario:
 
 
 def _device_costs(scenario: Scenario, record: Record) -> Scenario:
-    """Step 1: every device's costs, the scenario's and each group's own; every bad preset reported at once."""
+    """Step 1: every device's costs, the scenario's and each group's own, for the cache each runs with;
+    every bad preset reported at once."""
     devices = [("device", None, scenario.device)] + [(f"{where}.device", spec, spec.device) for where, spec in
                                                      scenario.cluster.named_groups() if spec.device is not None]
     failures, resolved = [], {}
-    for where, _, device in devices:
+    for where, spec, device in devices:
+        cache = scenario.kv_cache if spec is None or spec.kv_cache is None else spec.kv_cache
         try:
-            resolved[where], costs = _device(device, where)
+            resolved[where], costs = _device(device, where, cache)
         except _Failed as failed:
             failures.append(failed)
             continue
@@ -148,7 +239,7 @@ def _blocks(cache: KVCache, device: Device, batching: Batching, where: str) -> t
             how = Provenance(blocks, "derived", f"gpu_kv_cache_tokens {cache.gpu_kv_cache_tokens:,} / block_size "
                                                 f"{cache.block_size}")
         elif cache.num_blocks == "auto":
-            d = deployment(device)
+            d = deployment(device, cache)
             budget = kv_budget(d, cache.block_size, cache.gpu_memory_utilization, batching.max_num_batched_tokens,
                                batching.max_num_seqs, cache.activation_reserve_gib)
             how = Provenance(budget.blocks, "preset", f"{d.name}: {budget.describe()}")
@@ -196,14 +287,14 @@ def _kv_transfer(scenario: Scenario, record: Record) -> Scenario:
         pools.check_kv_bytes(device.preset is not None)
     except ValueError as exc:
         raise _invalid([_Failed("", str(exc), pools.model_dump(exclude_unset=True))]) from None
-    d = deployment(device)
+    d = deployment(device, pools.prefill.kv_cache or scenario.kv_cache)
     record[key] = Provenance(d.kv_bytes_per_token, "preset", f"{d.name}: keys and values of every layer, "
                                                              "one GPU's share")
     return _decided(scenario, cluster=_decided(scenario.cluster, disaggregated=_decided(
         pools, kv_bytes_per_token=d.kv_bytes_per_token)))
 
 
-STEPS: tuple[Callable[[Scenario, Record], Scenario], ...] = (_device_costs, _kv_blocks, _kv_transfer)
+STEPS: tuple[Callable[[Scenario, Record], Scenario], ...] = (_vllm_defaults, _device_costs, _kv_blocks, _kv_transfer)
 """The steps of resolution, in order: each returns the scenario with what it decided, and records how."""
 
 

@@ -1,4 +1,4 @@
-"""The measured steps and kernels of ``../shared/data/hardware``, as rows a preset can predict.
+"""The measured steps and kernels of ``simbatch/data/measured/hardware``, as rows a preset can predict.
 
 Each dataset becomes a frame of measured times (``measured_ms``) with, per row, the physical work at
 100 % efficiency (seconds), so that a prediction under any :class:`~.preset.Efficiency` is one
@@ -9,11 +9,13 @@ bytes), ``KV`` (KV bytes read), ``ATTN`` (prefill attention FLOPs).
 
 Each row also has what the plain model ``tau0 + beta*x`` needs to be calibrated like a user would,
 at short context: ``group`` (one configuration), ``x`` (its batch or token count) and ``short``
-(the rows it is calibrated on). The data are read where they are (never copied into the project).
+(the rows it is calibrated on). The data are the copies shipped in ``simbatch/data/measured/hardware``
+(their README gives the sources), so the fit and its tests run the same anywhere.
 """
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -23,10 +25,12 @@ from scipy.optimize import nnls
 from simbatch.hardware.cards import ModelCard, shipped
 from simbatch.hardware.preset import Deployment, Efficiency
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "hardware"
-"""``../shared/data/hardware`` beside the repository (the checkout's parent folder)."""
+DATA = Path(str(resources.files("simbatch").joinpath("data/measured/hardware")))
+"""The shipped copies of ``../shared/data/hardware`` (simbatch/data/measured/README.md)."""
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+"""``../shared/data`` beside the repository, where the originals are (absent in a clone elsewhere)."""
 
-TERMS = ("W", "STEP", "LAYERS", "ALLREDUCES", "DEC", "LIN", "COMM", "KV", "ATTN")
+TERMS = ("W", "GW", "STEP", "LAYERS", "ALLREDUCES", "EAGER_ALLREDUCES", "DEC", "LIN", "COMM", "KV", "ATTN")
 
 TRT_GPUS = {"A100-SXM4-80GB": "A100-80GB", "H100 80GB HBM3": "H100-SXM", "H100 NVL": "H100-NVL",
             "H200 141GB HBM3": "H200", "L40": "L40", "L40S": "L40S"}  # GH200: no card (its memory varies)
@@ -44,16 +48,31 @@ def _deployment(model: str, gpu: str, tp: int = 1, fp8: bool = False) -> Deploym
     return Deployment(models[model], gpus[gpu], tp, fp8)
 
 
-def _step_terms(d: Deployment, B, P, K, A) -> dict[str, np.ndarray]:
-    """A whole engine step of B decodes, P prefill tokens, K KV tokens read, A prefill pairs."""
+def experts_read(d: Deployment, tokens) -> np.ndarray:
+    """The expected distinct routed experts a GPU reads for a step of ``tokens`` tokens, per layer
+    (simbatch/model/cost.py): ``L (1 - (1 - k/E)^(T dp))``; 0 for a dense model."""
+    m = d.model
+    if not m.is_moe:
+        return np.zeros_like(np.asarray(tokens, dtype=float))
+    miss = 1 - m.experts_per_token / m.num_experts
+    return d.local_experts * (1 - miss ** (np.asarray(tokens, dtype=float) * d.dp))
+
+
+def _step_terms(d: Deployment, B, P, K, A, experts=None) -> dict[str, np.ndarray]:
+    """A whole engine step of B decodes, P prefill tokens, K KV tokens read, A prefill pairs; ``experts``
+    the routed experts read per layer, when not those real routing gives (:func:`experts_read`)."""
     u = d.unit_seconds()
     one = np.ones_like(np.asarray(B, dtype=float))
-    return {"W": one * u["W"], "STEP": one, "LAYERS": one * u["LAYERS"], "ALLREDUCES": one * u["ALLREDUCES"],
-            "DEC": B * u["TOKEN"], "LIN": P * u["TOKEN"], "COMM": (B + P) * u["COMM"], "KV": K * u["KV"],
-            "ATTN": A * u["ATTN"]}
+    read = experts_read(d, B + P) if experts is None else one * experts
+    weights = "GW" if d.gpu.memory_kind == "gddr" else "W"
+    return {weights: one * u["W"] + read * u["EXPERT"], "STEP": one, "LAYERS": one * u["LAYERS"],
+            "ALLREDUCES": one * u["ALLREDUCES"], "DEC": B * u["DEC"], "LIN": P * u["LIN"], "COMM": (B + P) * u["COMM"],
+            "KV": K * u["KV"] + B * u["SEQ_KV"], "ATTN": A * u["ATTN"] + P * u["TOK_ATTN"]}
 
 
-def _rows(meta: pd.DataFrame, terms: dict[str, np.ndarray]) -> pd.DataFrame:
+def _rows(meta: pd.DataFrame, terms: dict[str, np.ndarray], eager: bool = False) -> pd.DataFrame:
+    if eager:
+        terms = {**terms, "EAGER_ALLREDUCES": terms["ALLREDUCES"], "ALLREDUCES": 0.0}
     out = meta.reset_index(drop=True).copy()
     for t in TERMS:
         out[t] = np.asarray(terms.get(t, np.zeros(len(out))), dtype=float) * np.ones(len(out))
@@ -61,7 +80,12 @@ def _rows(meta: pd.DataFrame, terms: dict[str, np.ndarray]) -> pd.DataFrame:
 
 
 def trtllm(folder: Path = DATA) -> pd.DataFrame:
-    """TensorRT-LLM 0.9 static batches: the mean decode step (``t2t_ms``) and the batch's prefill (``ttft_ms``)."""
+    """TensorRT-LLM 0.9 static batches: the mean decode step (``t2t_ms``) and the batch's prefill (``ttft_ms``).
+
+    Its Mixtral steps read two experts' weights at any batch: 7.2 ms at batch 16 on two H100s, where the
+    eight experts real routing reaches by then (99 % of them) could not stream in less than 14 ms. The
+    benchmark's synthetic weights route every token to the same two; its Mixtral rows are read so.
+    """
     raw = pd.read_csv(folder / "trtllm090_static_batch.csv")
     raw = raw[raw.gpu.isin(TRT_GPUS) & raw.model.isin(TRT_MODELS) & raw.pp.eq(1)]
     frames = []
@@ -69,13 +93,14 @@ def trtllm(folder: Path = DATA) -> pd.DataFrame:
         d = _deployment(TRT_MODELS[model], TRT_GPUS[gpu], int(tp), prec == "FP8")
         B, isl, osl = g.batch.to_numpy(float), g.isl.to_numpy(float), g.osl.to_numpy(float)
         label = d.name
+        same_experts = d.model.experts_per_token if d.model.is_moe else None
         dec = pd.DataFrame({"dataset": "trtllm090_static_batch", "kind": "decode step", "group": label,
                             "x": B, "short": (isl == 128) & (osl == 128), "measured_ms": g.t2t_ms.to_numpy(),
                             "context": isl + osl / 2})
-        frames.append(_rows(dec, _step_terms(d, B, 0 * B, B * (isl + osl / 2), 0 * B)))
+        frames.append(_rows(dec, _step_terms(d, B, 0 * B, B * (isl + osl / 2), 0 * B, same_experts)))
         pre = pd.DataFrame({"dataset": "trtllm090_static_batch", "kind": "prefill", "group": label,
                             "x": B * isl, "short": isl == 128, "measured_ms": g.ttft_ms.to_numpy(), "context": isl})
-        frames.append(_rows(pre, _step_terms(d, 0 * B, B * isl, 0 * B, B * isl**2 / 2)))
+        frames.append(_rows(pre, _step_terms(d, 0 * B, B * isl, 0 * B, B * isl**2 / 2, same_experts)))
     return pd.concat(frames, ignore_index=True).dropna(subset=["measured_ms"])
 
 
@@ -83,7 +108,9 @@ def splitwise(folder: Path = DATA) -> pd.DataFrame:
     """Splitwise's Llama-2-70B medians: mean decode step (``token_time_ms``) and prefill (``prompt_time_ms``).
 
     Rows whose end-to-end time disagrees with prefill + tokens x step by more than 10 % are dropped
-    (the dataset's README: early stops).
+    (the dataset's README: early stops). Its all-reduces are an eager engine's (2023: NCCL calls launched
+    one by one, no CUDA graphs), several times TensorRT-LLM's: they are costed at their own latency
+    (``EAGER_ALLREDUCES``), which the presets, modelling vLLM's captured all-reduce kernels, do not use.
     """
     raw = pd.read_csv(folder / "splitwise_perf_model_medians.csv")
     raw = raw[raw.model.eq("llama2-70b") & raw.hardware.isin(SPLITWISE_GPUS)]
@@ -96,10 +123,10 @@ def splitwise(folder: Path = DATA) -> pd.DataFrame:
         short = p == p.min()
         dec = pd.DataFrame({"dataset": "splitwise_perf_model_medians", "kind": "decode step", "group": d.name,
                             "x": B, "short": short, "measured_ms": g.token_time_ms.to_numpy(), "context": p + o / 2})
-        frames.append(_rows(dec, _step_terms(d, B, 0 * B, B * (p + o / 2), 0 * B)))
+        frames.append(_rows(dec, _step_terms(d, B, 0 * B, B * (p + o / 2), 0 * B), eager=True))
         pre = pd.DataFrame({"dataset": "splitwise_perf_model_medians", "kind": "prefill", "group": d.name,
                             "x": B * p, "short": short, "measured_ms": g.prompt_time_ms.to_numpy(), "context": p})
-        frames.append(_rows(pre, _step_terms(d, 0 * B, B * p, 0 * B, B * p**2 / 2)))
+        frames.append(_rows(pre, _step_terms(d, 0 * B, B * p, 0 * B, B * p**2 / 2), eager=True))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -114,7 +141,7 @@ def vidur(folder: Path = DATA) -> pd.DataFrame:
         meta = pd.DataFrame({"dataset": "vidur_linear_ops_per_iteration", "kind": "linear layers", "group": d.name,
                              "x": n, "short": n <= 128, "measured_ms": g.t_lin_ms.to_numpy(), "context": 0.0})
         t = _step_terms(d, 0 * n, n, 0 * n, 0 * n)
-        frames.append(_rows(meta, {"W": t["W"], "LIN": t["LIN"]}))
+        frames.append(_rows(meta, {k: t[k] for k in ("W", "GW", "LIN") if k in t}))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -176,14 +203,14 @@ LOADERS = (trtllm, splitwise, vidur, blis_decode, blis_prefill, blis_gemm)
 def load_all(folder: Path = DATA) -> pd.DataFrame:
     """Every dataset's rows, in one frame (FileNotFoundError naming the folder when it is absent)."""
     if not folder.is_dir():
-        raise FileNotFoundError(f"{folder}: the measured data are not there; they live in ../shared/data/hardware "
-                                "beside the repository")
+        raise FileNotFoundError(f"{folder}: the measured data are not there; simbatch ships them in "
+                                "simbatch/data/measured/hardware")
     return pd.concat([load(folder) for load in LOADERS], ignore_index=True)
 
 
 def predict_ms(rows: pd.DataFrame, eff: Efficiency) -> np.ndarray:
-    """Each row's time under ``eff``, ms."""
-    return 1e3 * eff.seconds(**{t: rows[t].to_numpy() for t in TERMS})
+    """Each row's time under ``eff``, ms (the decode roofline, :meth:`Efficiency.step_seconds`)."""
+    return 1e3 * eff.step_seconds(**{t: rows[t].to_numpy() for t in TERMS})
 
 
 def _per_group(rows: pd.DataFrame, design, calibrate_on) -> np.ndarray:

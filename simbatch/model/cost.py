@@ -22,6 +22,26 @@ are costed at ``gamma``: rows through the weights, like prompt tokens. A serving
 of its own to a step (the drafter's passes: :meth:`simbatch.features.Feature.step_ms`), passed in as
 ``extra_ms`` and summed before the step is put on the clock's grid.
 
+A mixture of experts (``device.moe``) adds the experts its tokens read: with ``E`` experts per layer,
+``k`` chosen per token and ``T`` tokens in the step (decodes, prompt tokens and drafts, padded ones
+too), the expected number of distinct experts a layer reads is ``E (1 - (1 - k/E)^T)``: one token's
+``k`` at batch 1, all ``E`` once every expert is somebody's choice. A GPU holding ``L`` of them
+(expert parallelism) reads ``L (1 - (1 - k/E)^(T dp))``, ``dp`` the data-parallel ranks whose tokens
+it serves, each for ``expert_read_ms``. The term depends on the step's tokens only, so repeats of
+one decode plan cost the same, and runs stay exact (below).
+
+**The decode roofline** (``device.weights_ms``, which the presets set). A decode step's matrix
+multiplies run on weights streaming from memory: until they need more time than the stream they hide
+under it. With ``weights_ms`` (the weights' stream, ms) the step is
+
+    tau = tau0 + max(weights + experts + delta * K, beta * B) + gamma * P + epsilon * A
+
+``tau0`` then the fixed overheads alone. A prompt's tokens (``gamma``, ``epsilon``) are compute-bound
+and add. Of the laws tried on every measured dataset, held out (all costs adding, a roofline of the
+whole step ``max(compute, memory)``, a blend, this one; ``scripts/fit_hardware.py``, reported in
+``docs/hardware_fit.md``), this predicted the configurations the fit had not seen best. Without
+``weights_ms`` (the default, and every scenario that spells out ``tau0_ms``) all the costs add.
+
 Tensor-parallel communication is no separate term: a decode step's all-reduces are latency-bound,
 a constant per step (part of ``tau0``), and a prefill's scale with its tokens (part of ``gamma``).
 
@@ -38,6 +58,11 @@ plus ``floor((N + i * I) / D)`` ns for its repeat ``i``. The sum of such floors 
 exact closed form (:func:`floor_sum`, logarithmic in the coefficients, independent of the run's
 length), so a run of ``n`` steps costs the same few integer operations whatever ``n`` is.
 
+Under the roofline the max is taken on the same integer grid, ``beta`` and the weights included. A
+decode run's memory term grows by ``delta * B`` per repeat while ``beta * B`` stays, so the max
+switches branch at most once in a run, from compute to memory: the run is split there
+(:class:`SwitchingRun`), and each part sums exactly.
+
 All times here are in seconds unless a name says ``_ms`` or ``_ns``; the scenario speaks milliseconds.
 """
 
@@ -46,6 +71,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from simbatch.config import Device
 from simbatch.model.clock import step_ns
@@ -139,6 +166,28 @@ class StepRun:
         return hi
 
 
+class SwitchingRun(StepRun):
+    """A run whose first ``switch`` repeats last ``flat_ns`` each (the decode matmuls outlast the memory
+    traffic) and whose later ones grow as a :class:`StepRun` (``switch >= 1``, ``inc >= 1``)."""
+
+    __slots__ = ("switch", "flat_ns")
+
+    def __init__(self, flat_ns: int, switch: int, base_ns: int, num: int, inc: int):
+        super().__init__(base_ns, num, inc)
+        self.flat_ns, self.switch = flat_ns, switch
+
+    def ns(self, i0: int, m: int) -> int:
+        flat = min(max(self.switch - i0, 0), m)
+        rest = m - flat
+        return flat * self.flat_ns + (StepRun.ns(self, i0 + flat, rest) if rest else 0)
+
+    def reach(self, i0: int, dt_ns: int) -> int:
+        flat = max(self.switch - i0, 0)
+        if flat and dt_ns <= flat * self.flat_ns:
+            return max(1, -(-dt_ns // self.flat_ns))
+        return flat + StepRun.reach(self, i0 + flat, dt_ns - flat * self.flat_ns)
+
+
 @dataclass(frozen=True, slots=True)
 class LinearCost:
     """The cost model: a step's duration from what it computes and reads (module docstring), plus the
@@ -154,12 +203,29 @@ class LinearCost:
     swap_ms_per_block: float = 0.0
     kv_read_fs_per_token: int = 0  # delta
     attention_fs_per_pair: int = 0  # epsilon
+    # A mixture of experts (device.moe): a step of T tokens reads local_experts (1 - miss^(T dp)) experts,
+    # each for expert_read_ms; miss = 1 - k/E, the chance one token leaves an expert alone.
+    expert_read_ms: float = 0.0
+    local_experts: int = 0
+    expert_miss: float = 1.0
+    expert_token_scale: int = 1
+    # The decode roofline (device.weights_ms; module docstring): None adds every cost.
+    weights_ms: float | None = None
 
     @classmethod
     def of(cls, device: Device, swap_ms_per_block: float = 0.0) -> LinearCost:
+        moe = device.moe
+        experts = (moe.expert_read_ms, moe.local_experts, 1 - moe.experts_per_token / moe.num_experts,
+                   moe.data_parallel_size) if moe is not None and moe.expert_read_ms else (0.0, 0, 1.0, 1)
         return cls(device.tau0_ms, device.beta_ms, device.prefill_ms_per_token, swap_ms_per_block,
                    round(device.kv_read_ms_per_1k_tokens * FS_PER_MS / 1e3),
-                   round(device.prefill_attention_ms_per_1m_pairs * FS_PER_MS / 1e6))
+                   round(device.prefill_attention_ms_per_1m_pairs * FS_PER_MS / 1e6), *experts, device.weights_ms)
+
+    def experts_ms(self, tokens: int | float) -> float:
+        """The routed experts ``tokens`` tokens read, ms: ``expert_read_ms L (1 - miss^(T dp))``."""
+        if not self.expert_read_ms:
+            return 0.0  # (no tokens read none: miss^0 is 1; tokens may be an array, as the planner's are)
+        return self.expert_read_ms * self.local_experts * (1.0 - self.expert_miss ** (tokens * self.expert_token_scale))
 
     def _context_units(self, kv_tokens: int | float, attention_pairs_x2: int | float) -> int | float:
         """delta K + epsilon A on the grid of ``_DEN`` units per ns."""
@@ -169,26 +235,56 @@ class LinearCost:
                 kv_tokens: int | float = 0, attention_pairs: int | float = 0) -> float:
         """Duration of one step, ms. Padded sequences and tokens are passed in and cost like real ones;
         ``kv_tokens`` is K, ``attention_pairs`` is A (not doubled)."""
+        if self.weights_ms is not None:
+            memory = self.weights_ms + self.experts_ms(decode_seqs + prefill_tokens) + \
+                self.kv_read_fs_per_token * kv_tokens / FS_PER_MS
+            compute = self.beta_ms * decode_seqs
+            side = np.maximum(memory, compute) if isinstance(memory, np.ndarray) or isinstance(compute, np.ndarray) \
+                else max(memory, compute)
+            return self.tau0_ms + side + self.gamma_ms * prefill_tokens + \
+                self.swap_ms_per_block * swap_blocks + self.attention_fs_per_pair * attention_pairs / FS_PER_MS
         base = self.tau0_ms + self.beta_ms * decode_seqs + self.gamma_ms * prefill_tokens + \
             self.swap_ms_per_block * swap_blocks
+        if self.expert_read_ms:
+            base += self.experts_ms(decode_seqs + prefill_tokens)
         if not (self.kv_read_fs_per_token or self.attention_fs_per_pair):
             return base
         return base + self._context_units(kv_tokens, 2 * attention_pairs) / _DEN / 1e6
 
     def _base_ns(self, plan: StepPlan, extra_ms: float = 0.0) -> int:
         """The plan's step time without its context terms, on the clock's grid: drafts are verified like
-        prefill tokens (gamma), and a feature's own time (``extra_ms``) is added before rounding."""
-        ms = self.step_ms(plan.decode_seqs + plan.padded_decode_seqs,
-                          plan.prefill_tokens + plan.padded_prefill_tokens + plan.draft_tokens, plan.swap_blocks)
+        prefill tokens (gamma), and a feature's own time (``extra_ms``) is added before rounding. Under
+        the roofline, without the max either."""
+        tokens = plan.prefill_tokens + plan.padded_prefill_tokens + plan.draft_tokens
+        if self.weights_ms is not None:
+            ms = self.tau0_ms + self.gamma_ms * tokens + self.swap_ms_per_block * plan.swap_blocks
+        else:  # step_ms's sum, written out (the hot path: a call fewer per plan)
+            seqs = plan.decode_seqs + plan.padded_decode_seqs
+            ms = self.tau0_ms + self.beta_ms * seqs + self.gamma_ms * tokens + self.swap_ms_per_block * plan.swap_blocks
+            if self.expert_read_ms:
+                ms += self.experts_ms(seqs + tokens)
         if extra_ms:
             ms += extra_ms
         return step_ns(ms)
 
+    def _roofline_units(self, plan: StepPlan) -> tuple[int, int]:
+        """The roofline's two sides on the grid of ``_DEN`` units per ns: memory (weights, the experts the
+        plan's tokens read, delta K) and the decode matmuls (beta B)."""
+        slots = plan.decode_seqs + plan.padded_decode_seqs
+        tokens = slots + plan.prefill_tokens + plan.padded_prefill_tokens + plan.draft_tokens
+        fixed_fs = round((self.weights_ms + self.experts_ms(tokens)) * FS_PER_MS)
+        return 2 * (fixed_fs + self.kv_read_fs_per_token * plan.kv_tokens), 2 * round(self.beta_ms * FS_PER_MS) * slots
+
     def plan_ns(self, plan: StepPlan, extra_ms: float = 0.0) -> int:
         """Duration of a planned step on the clock's grid, ns: its decodes and prefill tokens, padding
         included, swaps and the features' ``extra_ms``, rounded as ever, plus its context read and
-        prefill attention rounded by themselves (half up)."""
+        prefill attention rounded by themselves (half up); under the roofline, the max of its memory and
+        decode terms with them."""
         base = self._base_ns(plan, extra_ms)
+        if self.weights_ms is not None:
+            memory, compute = self._roofline_units(plan)
+            return base + (max(memory, compute) + self.attention_fs_per_pair * plan.attention_pairs_x2
+                           + _DEN // 2) // _DEN
         if not (self.kv_read_fs_per_token or self.attention_fs_per_pair):
             return base
         return base + (self._context_units(plan.kv_tokens, plan.attention_pairs_x2) + _DEN // 2) // _DEN
@@ -197,12 +293,29 @@ class LinearCost:
         """The durations of repeats of ``plan``, a decode-only plan (a prefill never repeats): each
         repeat, every decode slot, padded ones included, reads one more cached token. ``first_ns``:
         ``plan_ns(plan)`` when the caller has it already."""
+        if self.weights_ms is not None:
+            return self._roofline_run(plan)
         if not self.kv_read_fs_per_token:
             return StepRun(self.plan_ns(plan) if first_ns is None else first_ns, _DEN // 2, 0)
         slots = plan.decode_seqs + plan.padded_decode_seqs
         return StepRun(self._base_ns(plan),
                        self._context_units(plan.kv_tokens, plan.attention_pairs_x2) + _DEN // 2,
                        2 * self.kv_read_fs_per_token * slots)
+
+    def _roofline_run(self, plan: StepPlan) -> StepRun:
+        """Repeats under the roofline: repeat i's memory side is ``memory + i * inc``, its compute side
+        stays; the first ``switch`` repeats (those where compute is the larger) last alike, the rest grow."""
+        base = self._base_ns(plan)
+        memory, compute = self._roofline_units(plan)
+        extra = self.attention_fs_per_pair * plan.attention_pairs_x2 + _DEN // 2
+        inc = 2 * self.kv_read_fs_per_token * (plan.decode_seqs + plan.padded_decode_seqs)
+        if memory >= compute:
+            return StepRun(base, memory + extra, inc)
+        flat_ns = base + (compute + extra) // _DEN
+        if not inc:
+            return StepRun(flat_ns, _DEN // 2, 0)
+        switch = -(-(compute - memory) // inc)  # the first repeat whose memory side reaches compute
+        return SwitchingRun(flat_ns, switch, base, memory + extra, inc)
 
 
 def step_time_s(device: Device, decode_seqs: int | float, prefill_tokens: int | float = 0,
@@ -213,8 +326,12 @@ def step_time_s(device: Device, decode_seqs: int | float, prefill_tokens: int | 
 
 def work_s(device: Device, decode_seqs: int | float = 0, prefill_tokens: int | float = 0,
            kv_tokens: int | float = 0, attention_pairs: int | float = 0) -> float:
-    """The step time without its fixed cost tau0, s: the work these sequences and tokens add to a step."""
-    without_tau0 = replace(LinearCost.of(device), tau0_ms=0.0)
+    """The work these sequences and tokens add to a step, s: the step time without its fixed cost tau0;
+    under the decode roofline, over an empty step's (tau0 and the weights' stream)."""
+    cost = LinearCost.of(device)
+    if cost.weights_ms is not None:
+        return (cost.step_ms(decode_seqs, prefill_tokens, 0, kv_tokens, attention_pairs) - cost.step_ms(0)) / 1e3
+    without_tau0 = replace(cost, tau0_ms=0.0)
     return without_tau0.step_ms(decode_seqs, prefill_tokens, 0, kv_tokens, attention_pairs) / 1e3
 
 
@@ -224,19 +341,37 @@ def decode_throughput(device: Device, batch_size: int | float, context_tokens: f
     return batch_size / step_time_s(device, batch_size, 0, batch_size * context_tokens)
 
 
+def _per_sequence_s(device: Device, context_tokens: float) -> float:
+    """What each sequence of a large batch adds to its step, s: beta + delta c, or under the decode
+    roofline the larger of beta and delta c (the weights shared out to nothing)."""
+    if device.weights_ms is None:
+        return work_s(device, 1, 0, context_tokens)
+    return max(device.beta_ms, device.kv_read_ms_per_1k_tokens * context_tokens / 1e3) / 1e3
+
+
 def roofline_tokens_per_s(device: Device, context_tokens: float = 0.0) -> float:
     """The limit of B / tau(B) as B grows, each sequence reading ``context_tokens``: 1 / (beta + delta c)
-    (infinite when that is 0)."""
-    per_sequence_s = work_s(device, 1, 0, context_tokens)
+    (infinite when that is 0; under the decode roofline 1 / max(beta, delta c))."""
+    per_sequence_s = _per_sequence_s(device, context_tokens)
     return math.inf if per_sequence_s == 0 else 1 / per_sequence_s
 
 
 def batch_for_fraction(device: Device, fraction: float, context_tokens: float = 0.0) -> float:
     """Batch size at which B / tau(B) reaches ``fraction`` of the roofline: B = f tau0 / (b (1 - f)),
-    b = beta + delta c the time of one more sequence reading ``context_tokens``."""
+    b = beta + delta c the time of one more sequence reading ``context_tokens``; under the decode
+    roofline, found by bisection (B / tau(B) rises with B)."""
     if not 0 < fraction < 1:
         raise ValueError(f"fraction must be in (0, 1), got {fraction}")
-    per_sequence_s = work_s(device, 1, 0, context_tokens)
+    per_sequence_s = _per_sequence_s(device, context_tokens)
     if per_sequence_s == 0:
         return math.inf
-    return fraction * device.tau0_s / (per_sequence_s * (1 - fraction))
+    if device.weights_ms is None:
+        return fraction * device.tau0_s / (per_sequence_s * (1 - fraction))
+    target = fraction / per_sequence_s
+    lo, hi = 0.0, 1.0
+    while decode_throughput(device, hi, context_tokens) < target:
+        lo, hi = hi, 2 * hi
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if decode_throughput(device, mid, context_tokens) < target else (lo, mid)
+    return hi

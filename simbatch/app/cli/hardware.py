@@ -12,39 +12,48 @@ from simbatch.app.text import printable
 
 PRESET_ARG = typer.Argument(None, metavar="[MODEL/GPU]", show_default=False,
                             help="A preset to show derived: its five costs and its KV cache at vLLM's defaults.")
+HF_CONFIG_OPT = typer.Option(None, "--hf-config", metavar="FILE", show_default=False,
+                             help="A Hugging Face config.json: print the model card it gives (device.model_card: "
+                                  "{hf_config: FILE}), its parameters counted from the shapes.")
 
 
 @reports_bad_input
-def presets(preset: str = PRESET_ARG) -> None:
+def presets(preset: str = PRESET_ARG, hf_config: Path = HF_CONFIG_OPT) -> None:
     """The model and GPU cards behind `device.preset: <model>/<gpu>`, and the fitted efficiencies.
 
     Any model combines with any GPU; /tpN splits the model over N GPUs (tensor parallelism), /fp8 stores
     the weights in fp8. Your own cards go inline in a scenario, as device.model_card / device.gpu_card
     with the fields shown here and a name the preset uses (docs/hardware.md). Given a preset, show
-    what it derives instead.
+    what it derives instead; given --hf-config, the card a config.json makes.
     """
     from simbatch.hardware.cards import shipped
     from simbatch.hardware.preset import fitted
 
+    if hf_config is not None:
+        _show_hf_config(hf_config, preset)
+        return
     if preset is not None:
         _show(preset)
         return
     gpus, models = shipped()
-    typer.echo(f"{'model':<15} {'params_b':>8} {'active_b':>8} {'layers':>6} {'hidden':>6} {'q/kv heads':>10} "
-               f"{'head_dim':>8} {'vocab':>7}")
+    typer.echo(f"{'model':<17} {'params_b':>8} {'active_b':>8} {'layers':>6} {'hidden':>6} {'q/kv heads':>10} "
+               f"{'head_dim':>8} {'vocab':>7}  experts (per token)")
     for m in models.values():
-        typer.echo(f"{m.name:<15} {m.params_b:>8g} {m.active_b:>8g} {m.layers:>6} {m.hidden_size:>6} "
-                   f"{f'{m.q_heads}/{m.kv_heads}':>10} {m.head_dim:>8} {m.vocab_size:>7}")
+        experts = f"{m.num_experts} ({m.experts_per_token})" if m.is_moe else "-"
+        typer.echo(f"{m.name:<17} {m.params / 1e9:>8.3f} {m.active_b:>8.3f} {m.layers:>6} {m.hidden_size:>6} "
+                   f"{f'{m.q_heads}/{m.kv_heads}':>10} {m.head_dim:>8} {m.vocab_size:>7}  {experts}"
+                   + ("  MLA" if m.is_mla else ""))
     typer.echo("")
-    typer.echo(f"{'gpu':<10} {'memory_gib':>10} {'bw_gb_s':>8} {'bf16_tflops':>11} {'fp8_tflops':>10} "
-               f"{'link_gb_s':>9}")
+    typer.echo(f"{'gpu':<12} {'memory_gib':>10} {'cuda_gib':>8} {'bw_gb_s':>7} {'bf16_tflops':>11} {'fp8_tflops':>10} "
+               f"{'link_gb_s':>9} {'host_gb_s':>9} {'idle_w':>6} {'max_w':>5}  aliases")
+    opt = lambda v: "-" if v is None else f"{v:g}"  # noqa: E731
     for g in gpus.values():
-        fp8 = "-" if g.fp8_tflops is None else f"{g.fp8_tflops:g}"
-        typer.echo(f"{g.name:<10} {g.memory_gib:>10g} {g.memory_bandwidth_gb_s:>8g} {g.bf16_tflops:>11g} {fp8:>10} "
-                   f"{g.interconnect_gb_s:>9g}")
+        typer.echo(f"{g.name:<12} {g.memory_gib:>10g} {g.cuda_memory_gib:>8g} {g.memory_bandwidth_gb_s:>7g} "
+                   f"{g.bf16_tflops:>11g} {opt(g.fp8_tflops):>10} {g.interconnect_gb_s:>9g} {opt(g.host_link_gb_s):>9} "
+                   f"{opt(g.idle_watts):>6} {opt(g.max_watts):>5}  {', '.join(g.aliases)}")
     eff, record = fitted()
     typer.echo("")
-    typer.echo("efficiencies fitted to ../shared/data/hardware (simbatch/data/hardware_efficiency.yaml): " +
+    typer.echo("efficiencies fitted to simbatch/data/measured/hardware (simbatch/data/hardware_efficiency.yaml): " +
                ", ".join(f"{k} {v:g}" for k, v in vars(eff).items()))
     typer.echo("fit error (relative, median / p90), per dataset:")
     for key, err in record["fit_error"].items():
@@ -52,27 +61,58 @@ def presets(preset: str = PRESET_ARG) -> None:
     typer.echo("e.g. device.preset: llama-3.1-8b/H100-SXM, llama-3.1-70b/H100-SXM/tp4, qwen2.5-72b/H200/tp2/fp8")
 
 
-def _show(preset: str) -> None:
-    """One preset's costs, and the KV cache it leaves at gpu_memory_utilization 0.9, max_num_batched_tokens
-    8192 and max_num_seqs 256 (vLLM's defaults on a large GPU)."""
+def _show_hf_config(path: Path, preset: str | None) -> None:
+    """The card a config.json makes, as YAML to paste, and its counted parameters; with a preset
+    (``NAME/GPU``, NAME the card's), what it derives on that GPU too."""
+    import yaml
     from pydantic import ValidationError
 
-    from simbatch.config import DEVICE_COSTS, Device
-    from simbatch.config.resolve import deployment, resolve_device
-    from simbatch.hardware.memory import kv_budget
+    from simbatch.config.cards import ModelCard
+    from simbatch.config.hf_config import checkpoint_notes
 
     try:
-        device = resolve_device(Device(preset=preset))
+        card = ModelCard.model_validate({"hf_config": str(path)})
+        notes = checkpoint_notes(path)
+    except (ValidationError, ValueError) as exc:
+        msg = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+        raise BadInput(f"--hf-config {printable(path)}: {msg.removeprefix('Value error, ')}") from None
+    fields = card.model_dump(exclude_defaults=True, exclude={"source"})
+    typer.echo(yaml.safe_dump({"model_card": fields}, sort_keys=False, width=110), nl=False)
+    typer.echo(f"# parameters counted from the shapes: {card.params / 1e9:.3f}B"
+               + (f", {card.active_b:.3f}B per token" if card.is_moe else "")
+               + f"; KV cache {card.layers * card.kv_elements_per_token_layer * 2:,} bytes per token in bf16")
+    for note in notes:
+        typer.echo(f"# {note}")
+    if preset is not None:
+        typer.echo("")
+        _show(preset, card)
+    else:
+        typer.echo(f"# use it as device.preset: {card.name}/<gpu> with device.model_card: {{hf_config: {path}}}")
+
+
+def _show(preset: str, model_card=None) -> None:
+    """One preset's costs, vLLM's defaults for its GPU, and the KV cache num_blocks: auto leaves there."""
+    from pydantic import ValidationError
+
+    from simbatch.config import Scenario
+    from simbatch.config.resolve import resolve
+    from simbatch.hardware.report import preset_block
+
+    device = {"preset": preset} | ({"model_card": model_card} if model_card is not None else {})
+    try:
+        scenario = resolve(Scenario.model_validate({"workload": {"num_requests": 1}, "device": device}))
     except ValidationError as exc:
         raise BadInput(f"{printable(preset)}: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
-    for key in DEVICE_COSTS:
-        typer.echo(f"{key:<34} {getattr(device, key):>10.6g}")
+    typer.echo(preset_block(scenario))
     try:
-        budget = kv_budget(deployment(device), 16, 0.9, 8192, 256)
-        typer.echo(f"{'kv_cache.num_blocks: auto':<34} {budget.blocks:>10,}  ({budget.blocks * 16:,} tokens of "
-                   f"16-token blocks: {budget.describe()})")
-    except ValueError as exc:
-        typer.echo(str(exc))
+        sized = resolve(scenario.model_copy(update={"kv_cache": scenario.kv_cache.model_copy(
+            update={"num_blocks": "auto"})}))
+    except ValidationError as exc:
+        typer.echo(exc.errors()[0]["msg"].removeprefix("Value error, "))
+        return
+    blocks = sized.resolution["kv_cache.num_blocks"]
+    typer.echo(f"  {'kv_cache.num_blocks: auto':<34} {blocks.value:>10,}  ({blocks.value * 16:,} tokens of 16-token "
+               f"blocks) from {blocks.note}")
 
 
 FILES_ARG = typer.Argument(..., metavar="FILE...", show_default=False,

@@ -212,7 +212,7 @@ def _presets(space: SearchSpace, scenario: Scenario) -> list[tuple[str, Any, boo
         except ValueError as exc:
             raise SpaceError(f"search space: {kind}: {exc}") from None
         if kind == "models":
-            moe[name] = found.model.active_params_b is not None
+            moe[name] = found.model.is_moe
     tps = space.tensor_parallel_size or [own.tp if own else 1]
     quants = space.quantization or ["fp8" if own is not None and own.fp8 else "none"]
     out: dict[str, tuple[Any, bool]] = {}
