@@ -64,6 +64,7 @@ class Feature:
     columns: ClassVar[tuple[tuple[str, str], ...]] = ()  # (Request attribute, numpy dtype)
     switch: ClassVar[str] = "features"  # the scenario setting that turns it on
     Options: ClassVar[type[BaseModel] | None] = None  # its options under features.<name>, validated by the schema
+    examples: ClassVar[tuple[dict, ...]] = ({},)  # option sets that exercise it (the equivalence tests draw them)
 
     def __init__(self, scenario: Scenario):
         self.scenario = scenario
