@@ -24,7 +24,10 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+import simbatch.features.speculative  # noqa: F401  (the shipped serving features register themselves)
 from simbatch.config import LengthDist, Scenario
+from simbatch.config.base import Registered
+from simbatch.registry import FEATURES
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "scenarios.md"
@@ -100,6 +103,9 @@ def _constraints(metadata: list) -> str:
 def type_of(annotation: Any, metadata: list | None = None) -> str:
     """A short, YAML-minded rendering of a field's type: ``int > 0``, ``fcfs | sjf``, ``list of ...``."""
     metadata = list(metadata or [])
+    registered = [m for m in metadata if isinstance(m, Registered)]
+    if registered:  # a registry's names, as they stand (simbatch.registry)
+        return " \\| ".join(f"`{v}`" for v in registered[0].registry.names())
     origin = typing.get_origin(annotation)
     if origin is Annotated:
         base, *extra = typing.get_args(annotation)
@@ -209,11 +215,45 @@ def rows(model: type[BaseModel], prefix: str) -> list[str]:
 TABLE_HEAD = ["| key | type | unit | default | meaning |", "| --- | --- | --- | --- | --- |"]
 
 
-def section(name: str, field: FieldInfo) -> list[str]:
+def choices(model: type[BaseModel], prefix: str, listed: dict) -> list[str]:
+    """For every key under ``model`` that names a registry's entry, the entries and what each is; a
+    registry ``listed`` already (registry -> the key it was listed under) is referred to, not repeated."""
+    out = []
+    for name, field in model.model_fields.items():
+        key = f"{prefix}{name}"
+        registered = [m for m in field.metadata if isinstance(m, Registered)]
+        if registered and registered[0].registry in listed:
+            out += [f"Choices of `{key}`: as `{listed[registered[0].registry]}`.", ""]
+        elif registered:
+            registry = listed.setdefault(registered[0].registry, key) and registered[0].registry
+            out += [f"Choices of `{key}` (each a {registry.kind} of `simbatch.registry`):", ""]
+            out += [f"- `{e.name}`: {_escape(e.description)}" for e in registry] + [""]
+        sub, many = _model_in(field.annotation)
+        if sub is not None and not is_length_dist(field.annotation):
+            out += choices(sub, f"{key}[]." if many else f"{key}.", listed)
+    return out
+
+
+def section(name: str, field: FieldInfo, listed: dict) -> list[str]:
     model, _ = _model_in(field.annotation)
     if model is None:
         return []
-    return [f"## `{name}`", "", _escape(model.__doc__ or ""), "", *TABLE_HEAD, *rows(model, f"{name}."), ""]
+    return [f"## `{name}`", "", _escape(model.__doc__ or ""), "", *TABLE_HEAD, *rows(model, f"{name}."), "",
+            *choices(model, f"{name}.", listed)]
+
+
+def features() -> list[str]:
+    """The serving features (simbatch.features), each with the setting that turns it on."""
+    out = ["## Serving features", "",
+           "Techniques beyond plain batching (`simbatch/features/`), for iteration-level batching modes. Each "
+           "is turned on by its own setting, or, for a feature of your own, by its name under `features` "
+           "with its options (docs/extending.md).", "",
+           "| feature | turned on by | options | what it is |", "| --- | --- | --- | --- |"]
+    for f in FEATURES:
+        switch = f"`features.{f.name}`" if f.switch == "features" else f"`{f.switch}`"
+        options = ", ".join(f"`{k}`" for k in f.Options.model_fields) if f.Options is not None else ""
+        out.append(f"| `{f.name}` | {switch} | {options} | {_escape(f.description)} |")
+    return [*out, ""]
 
 
 def length_distributions() -> list[str]:
@@ -232,8 +272,10 @@ def render() -> str:
            f"{_escape(f.description or '')} |"
            for name, f in Scenario.model_fields.items() if _model_in(f.annotation)[0] is None]
     lines = [HEADER, "## Top level", "", *TABLE_HEAD, *top, ""]
+    listed: dict = {}
     for name, field in Scenario.model_fields.items():
-        lines += section(name, field)
+        lines += section(name, field, listed)
+    lines += features()
     lines += length_distributions()
     return "\n".join(lines).rstrip() + "\n"
 

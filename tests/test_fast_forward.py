@@ -21,10 +21,12 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from registered import client_safe, features, iteration_level, modes, policies, routers
 
 from simbatch.analysis.summary import iterations_frame, requests_frame, summarize
 from simbatch.config import Scenario
 from simbatch.engine import Engine
+from simbatch.registry import ROUTERS
 from simbatch.simulation import simulate
 from simbatch.workload import generate
 
@@ -59,19 +61,16 @@ lengths = st.one_of(
 
 @st.composite
 def scenarios(draw) -> dict:
-    mode = draw(st.sampled_from(["continuous", "static", "dynamic"]))
+    mode = draw(modes())
+    per_step = iteration_level(mode)
     max_num_seqs = draw(st.integers(1, 24))
-    policy = draw(st.sampled_from(["fcfs", "priority", "sjf", "fair"]))
+    policy = draw(policies())
     # Prefix caching (continuous only): a shared system prompt, conversations, or both, in caches
     # from cramped (evicting all the time) to ample.
-    caching = mode == "continuous" and draw(st.booleans())
+    caching = per_step and draw(st.booleans())
     # Speculative decoding (continuous only): the acceleration declines behind its seam, and the
     # random acceptances must come out alike whichever engine draws them.
-    speculative = draw(st.fixed_dictionaries({
-        "num_speculative_tokens": st.integers(1, 6), "acceptance_rate": st.floats(0, 0.95),
-        "draft_cost_ms": st.floats(0, 3)})) if mode == "continuous" and draw(st.booleans()) else None
-    if speculative and speculative["acceptance_rate"] > 0 and draw(st.booleans()):  # a rate per request
-        speculative["acceptance_rate_concentration"] = draw(st.floats(0.5, 20))
+    switched = draw(features(mode))
     prefix = draw(st.one_of(st.none(), st.fixed_dictionaries({
         "shared_tokens": st.integers(0, 300), "share": st.sampled_from([0.0, 0.5, 1.0]),
         "multi_turn": st.booleans(), "max_context_tokens": st.integers(50, 3000)})))
@@ -100,7 +99,7 @@ def scenarios(draw) -> dict:
                        lambda e, k, ms, dp: {"num_experts": e, "experts_per_token": min(k, e), "local_experts": e,
                                              "expert_read_ms": ms, "data_parallel_size": dp},
                        st.integers(2, 64), st.integers(1, 8), st.floats(0, 0.5), st.integers(1, 4)))),
-                   "speculative": speculative},
+                   "speculative": switched["device.speculative"]},
         "kv_cache": {"block_size": draw(st.sampled_from([1, 4, 16])), "num_blocks": draw(st.integers(40, 3000)),
                      "swap_blocks": draw(st.integers(0, 400)), "swap_ms_per_block": draw(st.floats(0, 0.5)),
                      "enable_prefix_caching": caching},
@@ -118,8 +117,9 @@ def scenarios(draw) -> dict:
                       "head_of_line_blocking": draw(st.booleans()),
                       "tenant_weights": {"interactive": 2.0},
                       # vLLM's cadence: arrivals seen, and finished requests' room freed, a plan late.
-                      "async_scheduling": mode == "continuous" and draw(st.booleans())},
-        "cluster": {"replicas": draw(st.integers(1, 3)), "router": draw(st.sampled_from(["round_robin", "random"]))},
+                      "async_scheduling": per_step and draw(st.booleans())},
+        "cluster": {"replicas": draw(st.integers(1, 3)), "router": draw(routers())},
+        "features": switched["features"],
         # The API server's latencies on the way in and out (half the examples have none).
         "frontend": draw(st.one_of(st.just({}), st.fixed_dictionaries({
             "request_latency_ms": st.floats(0, 50), "response_latency_ms": st.floats(0, 50)}))),
@@ -144,9 +144,7 @@ def with_clients(draw, base) -> dict:
         workload["arrival"] = None
         workload["closed_loop"] = {"concurrency": draw(st.integers(1, 8)),
                                    "think_time_s": draw(st.sampled_from([0.0, 0.125, 0.3]))}
-    batching = scenario["batching"]
-    if batching["mode"] == "static" and batching["max_wait_ms"] is None:  # else a client can deadlock it
-        batching = {**batching, "max_wait_ms": 50.0}
+    batching = client_safe(scenario["batching"])
     cluster = {**scenario["cluster"], "signal_delay_ms": 0.0}  # delayed snapshots need arrivals known in advance
     return {**scenario, "workload": workload, "batching": batching, "cluster": cluster}
 
@@ -182,8 +180,8 @@ def tie_scenarios(draw, trace_dir) -> dict:
         workload = {**workload, "arrival": {"process": "constant", "rate": rate},
                     "num_requests": min(workload["num_requests"], 60)}
     replicas = draw(st.integers(1, 3))
-    router = draw(st.sampled_from(["round_robin", "least_kv", "least_outstanding", "power_of_two"]))
-    delayed = replicas > 1 and router != "round_robin"
+    router = draw(routers())
+    delayed = replicas > 1 and ROUTERS[router].reads_load
     return {
         **scenario,
         "workload": workload,
@@ -369,7 +367,7 @@ def disaggregated(draw, base, exact: bool) -> dict:
     transfers last, when ``exact``, a multiple of 1/64 s (on step boundaries, as the steps of
     :func:`tie_scenarios` are) or the 125 ms latency alone."""
     scenario = draw(base)
-    batching = {**scenario["batching"], "mode": "continuous"}
+    batching = {**scenario["batching"], "mode": draw(modes(iteration_level=True))}
     decode_kv = {**scenario["kv_cache"], "enable_prefix_caching": False,
                  "num_blocks": draw(st.integers(40, 3000))}
     decode_batching = {**batching, "max_num_seqs": draw(st.integers(1, min(24, batching["max_num_batched_tokens"])))}
@@ -383,7 +381,7 @@ def disaggregated(draw, base, exact: bool) -> dict:
              "decode": {"count": draw(st.integers(1, 2)), "kv_cache": decode_kv, "batching": decode_batching},
              "kv_transfer": {"bandwidth_gb_s": gb_per_s, "latency_ms": latency_ms},
              "kv_bytes_per_token": bytes_per_token,
-             "decode_router": draw(st.sampled_from(["round_robin", "least_kv", "least_outstanding", "power_of_two"]))}
+             "decode_router": draw(routers())}
     cluster = {"router": scenario["cluster"]["router"], "disaggregated": pools}
     return {**scenario, "batching": batching, "cluster": cluster}
 

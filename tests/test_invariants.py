@@ -17,10 +17,12 @@ import pytest
 from builders import Driver, make_scenario, req
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from registered import modes, policies, registered
 
 from simbatch import simulate
 from simbatch.config import Scenario
 from simbatch.model.cost import step_time_s
+from simbatch.registry import MODES, POLICIES
 from simbatch.workload import generate
 
 TIME_TOL_S = 1e-9  # a run's end_s is start + n * step; stepping adds the step n times
@@ -44,9 +46,9 @@ def scenarios(draw, pressure: bool = False, priority_swap: bool = False) -> Scen
     with ``priority_swap`` as well, always the priority policy (eviction at admission), swap
     preemption and a ``max_preemptions`` cap, whose paths meet only there."""
     pressure = pressure or priority_swap
-    mode = "continuous" if pressure else draw(st.sampled_from(["continuous", "continuous", "static", "dynamic"]))
+    mode = draw(modes(iteration_level=True) if pressure else st.one_of(modes(iteration_level=True), modes()))
     max_num_seqs = draw(st.sampled_from([4, 6] if pressure else [1, 2, 4, 6]))
-    policy = "priority" if priority_swap else draw(st.sampled_from(["fcfs", "priority", "sjf", "fair"]))
+    policy = draw(registered(POLICIES, lambda p: p.evicts_at_admission) if priority_swap else policies())
     swap = priority_swap or draw(st.booleans())
     block_size = draw(st.sampled_from([1, 4, 16]))
     # Memory in units of the largest request's peak: below 1 some requests never fit, just above 1
@@ -82,9 +84,9 @@ def scenarios(draw, pressure: bool = False, priority_swap: bool = False) -> Scen
         "batching__max_wait_ms": draw(st.sampled_from([None, 0.0, 15.0])),
         "batching__max_queue_delay_ms": draw(st.sampled_from([0.0, 5.0, 50.0])),
         "scheduler__policy": policy,
-        "scheduler__aging_s": draw(st.sampled_from([None, 0.05])) if policy == "priority" else None,
+        "scheduler__aging_s": draw(st.sampled_from([None, 0.05])) if "aging_s" in POLICIES[policy].reads else None,
         "scheduler__sjf_key": draw(st.sampled_from(["prompt", "output"])),
-        "scheduler__tenant_weights": {"batch": 2.0} if policy == "fair" else {},
+        "scheduler__tenant_weights": {"batch": 2.0} if "tenant_weights" in POLICIES[policy].reads else {},
         "scheduler__preemption": "swap" if swap else "recompute",
         "scheduler__max_preemptions": draw(st.sampled_from([1, 2] if priority_swap else [None, 1, 3])),
         "scheduler__max_waiting": None if pressure else draw(st.sampled_from([None, None, 2, 8])),
@@ -124,7 +126,7 @@ def check_requests(sc: Scenario, rq: pd.DataFrame, drained: bool) -> None:
     assert (done["waiting_s"] <= done["e2e_s"] + TIME_TOL_S).all()
     started = unfinished["first_scheduled_s"].notna()
     assert (unfinished.loc[started, "arrival_s"] <= unfinished.loc[started, "first_scheduled_s"]).all()
-    if sc.batching.mode != "continuous":  # request-level batches reserve their peak: nothing to preempt
+    if not MODES[sc.batching.mode].iteration_level:  # request-level batches reserve their peak: nothing to preempt
         assert (rq["num_preemptions"] == 0).all()
 
 
@@ -133,7 +135,7 @@ def check_iterations(sc: Scenario, it: pd.DataFrame, duration_s: float) -> None:
     assert (it["num_steps"] >= 1).all() and (it["duration_s"] > 0).all()
     assert (it["batch_size"] <= b.max_num_seqs).all() and (it["num_running"] <= b.max_num_seqs).all()
     assert (it["kv_blocks_used"] <= sc.kv_cache.num_blocks).all()
-    if b.mode == "continuous":
+    if MODES[b.mode].iteration_level:
         assert (it["decode_tokens"] + it["prefill_tokens"] <= b.max_num_batched_tokens).all()
         assert (it["padded_tokens"] == 0).all()
     else:
@@ -163,7 +165,7 @@ def horizon_s(sc: Scenario) -> float:
     wl, b, kv = generate(sc), sc.batching, sc.kv_cache
     prefill = max(b.max_num_batched_tokens, int(wl.prompt_tokens.max()) * b.max_num_seqs)
     slowest_step_s = step_time_s(sc.device, b.max_num_seqs, prefill) + 2 * kv.num_blocks * kv.swap_ms_per_block / 1e3
-    timer_s = 0.0 if b.mode == "continuous" else max(b.max_wait_ms or 0.0, b.max_queue_delay_ms) / 1e3
+    timer_s = MODES[b.mode].timer_s(b) or 0.0
     per_request_s = (wl.prompt_tokens + wl.output_tokens) * slowest_step_s + timer_s
     return float(wl.arrival_s.max() + per_request_s.sum())
 

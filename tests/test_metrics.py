@@ -13,6 +13,7 @@ import pytest
 from builders import make_scenario, spaced
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from registered import modes
 
 from simbatch import simulate
 from simbatch.analysis.stats import describe_ms, weighted_mean_std, weighted_quantile
@@ -133,7 +134,7 @@ def test_goodput_counts_requests_meeting_every_slo():
 
 # --------------------------------------------------------------------------- Little's law
 SCENARIOS = st.fixed_dictionaries({
-    "mode": st.sampled_from(["continuous", "static", "dynamic"]),
+    "mode": modes(),
     "rate": st.sampled_from([20.0, 100.0, 1000.0]),
     "num_blocks": st.integers(12, 64),
     "seed": st.integers(0, 10_000),

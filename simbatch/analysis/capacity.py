@@ -20,6 +20,7 @@ from simbatch.config import Device, Scenario, replica_scenarios
 from simbatch.config.resolve import resolve
 from simbatch.features import speculative
 from simbatch.model.cost import LinearCost, work_s
+from simbatch.registry import MODES
 from simbatch.workload import WorkloadArrays
 from simbatch.workload.prefix import expected_cached_tokens, expected_hash_hits
 
@@ -473,7 +474,7 @@ def expected_stability(scenario: Scenario, workload: WorkloadArrays) -> Stabilit
     replicas = []
     for s in replica_scenarios(scenario):
         kv, b = s.kv_cache, s.batching
-        if b.mode != "continuous" and len(workload):
+        if not MODES[b.mode].iteration_level and len(workload):  # whole batches, held to their longest request
             key = (b.max_num_seqs, kv.num_blocks, kv.block_size, b.pad_prompts)
             if key not in request_level:
                 request_level[key] = request_level_costs(workload.prompt_tokens, workload.output_tokens, *key)

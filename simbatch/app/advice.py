@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from simbatch.config import Batching, Scenario, replica_scenarios, sized_caches
+from simbatch.config import Scenario, replica_scenarios, sized_caches
 from simbatch.engine import rejection_reasons
+from simbatch.registry import MODES, POLICIES
 from simbatch.workload import WorkloadArrays
 
 
@@ -94,17 +95,20 @@ def _blocks_beyond_memory(scenario: Scenario) -> list[str]:
     return out
 
 
-def _unused_mode_knobs(batching: Batching) -> list[str]:
-    """Settings of another batching mode than the one that runs."""
-    out = []
-    if batching.max_wait_ms is not None and batching.mode != "static":
-        out.append(f"batching.max_wait_ms has no effect in {batching.mode} mode (static only); "
-                   "dynamic batching uses max_queue_delay_ms")
-    if "max_queue_delay_ms" in batching.model_fields_set and batching.mode != "dynamic":
-        out.append(f"batching.max_queue_delay_ms has no effect in {batching.mode} mode (dynamic only)")
-    if batching.long_prefill_token_threshold is not None and batching.mode != "continuous":
-        out.append(f"batching.long_prefill_token_threshold has no effect in {batching.mode} mode "
-                   "(continuous only)")
+def _unused_knobs(section: str, settings, running: str, entries, declared: str, kind: str, where: str) -> list[str]:
+    """Settings of ``section`` that only other entries than ``running`` read (each entry declares its
+    own in its ``declared`` mapping: knob -> what it does there), each once, naming who reads it:
+    ``kind`` is what an entry is called ("policy"), ``where`` the phrase that places the running one."""
+    out, readers = [], {}
+    for entry in entries:
+        for knob, what in getattr(entry, declared).items():
+            readers.setdefault(knob, []).append((entry.name, what))
+    for knob, names in readers.items():
+        if running in (n for n, _ in names) or knob not in settings.model_fields_set or \
+                getattr(settings, knob) in (None, {}):
+            continue
+        out.append(f"{section}.{knob} has no effect {where.format(running)}; {names[0][1]} "
+                   f"({kind}: {', '.join(n for n, _ in names)})")
     return out
 
 
@@ -122,20 +126,13 @@ def advisories(scenario: Scenario, workload: WorkloadArrays, mode_fixed: bool = 
     if "burstiness" in arrival.model_fields_set and arrival.process != "gamma" and scenario.workload.trace is None:
         out.append(f"workload.arrival.burstiness has no effect with process {arrival.process}; "
                    "set process: gamma to use it")
-    if sched.aging_s is not None and sched.policy != "priority":
-        out.append(f"scheduler.aging_s has no effect under policy {sched.policy}; it ages priorities "
-                   "(policy: priority)")
-    if "sjf_key" in sched.model_fields_set and sched.policy != "sjf":
-        out.append(f"scheduler.sjf_key has no effect under policy {sched.policy}; it orders policy: sjf")
-    if sched.tenant_weights and sched.policy != "fair":
-        out.append(f"scheduler.tenant_weights has no effect under policy {sched.policy}; "
-                   "they weight policy: fair")
+    out += _unused_knobs("scheduler", sched, sched.policy, POLICIES, "reads", "policy", "under policy {}")
     unknown = sorted(set(sched.tenant_weights) - set(workload.tenant_names))
     if unknown:
         out.append(f"scheduler.tenant_weights names {', '.join(map(repr, unknown))}, which no class of "
                    f"workload.classes is called (tenants: {', '.join(map(repr, workload.tenant_names))})")
     if mode_fixed:
-        out += _unused_mode_knobs(batching)
+        out += _unused_knobs("batching", batching, batching.mode, MODES, "knobs", "mode", "in {} mode")
     if scenario.kv_cache.swap_blocks and sched.preemption != "swap":
         out.append("kv_cache.swap_blocks has no effect with preemption: recompute; set preemption: swap")
     return out

@@ -23,13 +23,13 @@ import sys
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import get_args
 
 from simbatch.app.localhost import LocalHandler, LocalServer
 from simbatch.app.text import printable
-from simbatch.config import Batching, Scenario, Scheduler
+from simbatch.config import Scenario
 from simbatch.config.guard import TooLarge, check_run
 from simbatch.config.loading import ScenarioError, load_scenario
+from simbatch.registry import MODES, POLICIES
 
 LESSON_REQUESTS = 400
 HEADLINE = ("request_throughput", "output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
@@ -72,8 +72,8 @@ KNOBS = (
     Knob("max_num_seqs", "batching.max_num_seqs", "B_max (slots)", integer=True),
     Knob("tau0_ms", "device.tau0_ms", "τ0 (ms per step)"),
     Knob("beta_ms", "device.beta_ms", "β (ms per sequence)"),
-    Knob("mode", "batching.mode", "batching mode", choices=get_args(Batching.model_fields["mode"].annotation)),
-    Knob("policy", "scheduler.policy", "queue policy", choices=get_args(Scheduler.model_fields["policy"].annotation)),
+    Knob("mode", "batching.mode", "batching mode", choices=MODES.names()),
+    Knob("policy", "scheduler.policy", "queue policy", choices=POLICIES.names()),
 )
 
 

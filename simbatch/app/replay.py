@@ -25,10 +25,11 @@ from typing import Any
 import numpy as np
 
 from simbatch.analysis.stats import describe_ms
-from simbatch.config import Scenario
+from simbatch.config import Batching, Scenario
 from simbatch.config.loading import apply_overrides, parse_override, read_text, read_yaml, scenario_from_dict
 from simbatch.model import streams
 from simbatch.model.clock import snap_s
+from simbatch.registry import MODES
 from simbatch.workload import WorkloadArrays, bench_client, generate
 from simbatch.workload.bench_result import BenchResult
 
@@ -88,8 +89,9 @@ def _vllm_defaults(result: BenchResult, data: dict) -> tuple[dict, dict[str, str
 
     outside = outside_of(result, None, None, None)
     extra, why = [], {}
-    batching = _get(data, "batching.mode")
-    if _get(data, "scheduler.async_scheduling") is None and outside.async_scheduling and batching in (None, "continuous"):
+    mode = _get(data, "batching.mode") or Batching.model_fields["mode"].default
+    per_step = mode in MODES and MODES[mode].iteration_level  # async scheduling needs it
+    if _get(data, "scheduler.async_scheduling") is None and outside.async_scheduling and per_step:
         extra.append(("scheduler.async_scheduling", True))
         why["scheduler.async_scheduling"] = outside.async_from
     if _get(data, "frontend.request_latency_ms") is None and _get(data, "frontend.response_latency_ms") is None \

@@ -19,9 +19,12 @@ conversion, used by the sections' ``*_s`` properties.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic_core import PydanticCustomError, core_schema
+
+from simbatch.registry import Registry
 
 MAX_TOKENS = 10_000_000
 """The longest prompt or output a length may have: ten times the longest context windows there are.
@@ -69,6 +72,34 @@ ClockS = Annotated[float, Field(gt=0), AfterValidator(on_the_clock)]
 ClockNonNegS = Annotated[float, Field(ge=0), AfterValidator(on_the_clock)]
 ClockMs = Annotated[float, Field(ge=0), AfterValidator(ms_on_the_clock)]
 CostMs = Annotated[float, Field(ge=0, le=MAX_COST_MS)]
+
+
+class Registered:
+    """Annotation metadata: a name of one of a registry's entries (:mod:`simbatch.registry`), as in
+    ``Annotated[str, Registered(POLICIES)]``.
+
+    A Literal of the names would be fixed when this module is imported; this checks the registry as
+    it stands when a scenario is validated, so an entry registered by a module of your own is a valid
+    value with no edit here, and the JSON Schema and docs/scenarios.md list the registry's names. The
+    error is pydantic's own for a Literal.
+    """
+
+    __slots__ = ("registry",)
+
+    def __init__(self, registry: Registry):
+        self.registry = registry
+
+    def _check(self, value: Any) -> str:
+        if not isinstance(value, str) or value not in self.registry:
+            raise PydanticCustomError("literal_error", "Input should be {expected}",
+                                      {"expected": self.registry.expected()})
+        return value
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> core_schema.CoreSchema:
+        return core_schema.no_info_plain_validator_function(self._check)
+
+    def __get_pydantic_json_schema__(self, schema: Any, handler: Any) -> dict:
+        return {"type": "string", "enum": list(self.registry.names())}
 
 
 def seconds(ms: float | None) -> float | None:

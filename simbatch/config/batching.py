@@ -3,24 +3,25 @@
 ``max_num_seqs`` is the slot count in every mode. Continuous batching (vLLM V1's) schedules every
 step afresh within a token budget (``max_num_batched_tokens``); the request-level modes, static and
 dynamic, hold a batch together from its start to its last request's end (:mod:`simbatch.schedulers`).
+The modes, and what each declares, are :mod:`simbatch.registry.modes`.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated
 
 from pydantic import Field, model_validator
 
-from simbatch.config.base import ClockMs, PosInt, _Model, seconds
+from simbatch.config.base import ClockMs, PosInt, Registered, _Model, seconds
+from simbatch.registry import MODES
 
 
 class Batching(_Model):
     """How the engine forms batches. `max_num_seqs` is the slot count in every mode."""
 
-    mode: Literal["static", "dynamic", "continuous"] = Field(
-        default="continuous",
-        description="static: request-level, waits for a full batch; dynamic: request-level, "
-        "dispatches on a full batch or a queue delay; continuous: iteration-level scheduling.",
+    mode: Annotated[str, Registered(MODES)] = Field(
+        default="continuous", description="The batching mode: request by request, or iteration by iteration (listed "
+        "under Choices).",
     )
     max_num_seqs: PosInt = Field(default=64, description="Running slots (batch size for static/dynamic).")
     max_num_batched_tokens: PosInt = Field(
@@ -52,7 +53,7 @@ class Batching(_Model):
 
     @model_validator(mode="after")
     def _budget(self) -> Batching:
-        if self.mode == "continuous" and self.max_num_batched_tokens < self.max_num_seqs:
+        if MODES[self.mode].iteration_level and self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than max_num_seqs "
                 f"({self.max_num_seqs}): running decodes could not all be served; raise the budget"

@@ -9,14 +9,17 @@ engine side is :mod:`simbatch.engine.cluster` (arrivals, admission, routing) and
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated
 
 from pydantic import Field, model_validator
 
-from simbatch.config.base import ClockMs, NonNegFloat, PosFloat, PosInt, _Model, seconds
+from simbatch.config.base import ClockMs, NonNegFloat, PosFloat, PosInt, Registered, _Model, seconds
 from simbatch.config.batching import Batching
 from simbatch.config.device import Device
 from simbatch.config.kv_cache import KVCache
+from simbatch.registry import ROUTERS, load_routers
+
+RouterName = Annotated[str, Registered(ROUTERS)]
 
 
 class ReplicaSpec(_Model):
@@ -37,8 +40,6 @@ class ReplicaSpec(_Model):
         default=None, description="This group's batching, replacing the scenario's whole; the scenario's when omitted."
     )
 
-
-LOAD_ROUTERS = ("least_outstanding", "least_kv", "power_of_two", "session_affinity")
 
 MAX_TRANSFER_LATENCY_MS = 60_000.0
 """A KV transfer's fixed set-up at most a minute (RDMA and NVLink set-ups take microseconds to milliseconds)."""
@@ -75,8 +76,7 @@ class Disaggregated(_Model):
     prefill: ReplicaSpec = Field(description="The prefill pool: count, and the sections it overrides.")
     decode: ReplicaSpec = Field(description="The decode pool: count, and the sections it overrides.")
     kv_transfer: KVTransfer
-    decode_router: Literal["round_robin", "random", "least_outstanding", "least_kv", "power_of_two",
-                           "session_affinity"] = Field(
+    decode_router: RouterName = Field(
         default="least_outstanding", description="Which decode replica a prefilled request goes to (as "
         "cluster.router, over the decode pool; read when its KV transfer is requested).")
     kv_bytes_per_token: PosFloat | None = Field(
@@ -102,12 +102,8 @@ class Cluster(_Model):
         default=None, min_length=1,
         description="A heterogeneous fleet: groups of replicas, in index order, each overriding sections.",
     )
-    router: Literal["round_robin", "random", "least_outstanding", "least_kv", "power_of_two",
-                    "session_affinity"] = Field(
-        default="round_robin",
-        description="round_robin; random; least_outstanding (fewest running + waiting); least_kv (lowest KV "
-        "usage fraction); power_of_two (two random replicas, the less outstanding); session_affinity (a "
-        "session sticks to the replica its first request went to, chosen by least_outstanding).",
+    router: RouterName = Field(
+        default="round_robin", description="Which replica an arriving request goes to (listed under Choices).",
     )
     signal_delay_ms: ClockMs = Field(
         default=0.0, description="Load-reading routers see each replica's state as it was this long ago, ms."
@@ -150,9 +146,9 @@ class Cluster(_Model):
             if self.replicas != total:
                 raise ValueError(f"replicas ({self.replicas}) disagrees with replica_specs, whose counts sum to "
                                  f"{total}; remove replicas or set it to {total}")
-        if self.signal_delay_ms > 0 and self.router not in LOAD_ROUTERS:
+        if self.signal_delay_ms > 0 and not ROUTERS[self.router].reads_load:
             raise ValueError(f"signal_delay_ms ({self.signal_delay_ms}) has no effect on router {self.router}, "
-                             f"which reads no load; remove it or use one of {', '.join(LOAD_ROUTERS)}")
+                             f"which reads no load; remove it or use one of {', '.join(load_routers())}")
         return self
 
     @property

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import get_args
+from typing import Any, get_args
 
-from pydantic import BaseModel, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, ValidationError, model_validator
 
 from simbatch.config.base import NonNegInt, _Model
 from simbatch.config.batching import Batching
@@ -29,6 +29,7 @@ from simbatch.config.scheduler import Scheduler
 from simbatch.config.sim import Sim
 from simbatch.config.slo import SLO
 from simbatch.config.workload import Workload
+from simbatch.registry import FEATURES, MODES
 
 
 class Scenario(_Model):
@@ -47,6 +48,11 @@ class Scenario(_Model):
     slo: SLO = Field(default_factory=SLO)
     metrics: Metrics = Field(default_factory=Metrics)
     sim: Sim = Field(default_factory=Sim)
+    features: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Serving features of your own (simbatch.features), each by its registered name, with its "
+        "options (listed under Serving features). The shipped ones have settings of their own: device.speculative.",
+    )
 
     # Where relative paths (traces, empirical lengths) are resolved; set by the loader, not the YAML.
     _base_dir: Path | None = PrivateAttr(default=None)
@@ -68,22 +74,52 @@ class Scenario(_Model):
         return self
 
     @model_validator(mode="after")
-    def _continuous_only(self) -> Scenario:
-        """Prefix caching and speculative decoding work per token: continuous batching only."""
+    def _features(self) -> Scenario:
+        """Each named feature is registered, turned on here (not by a setting of its own), and given the
+        options its ``Options`` model accepts (checked here, read by the feature when it is built)."""
+        for name, options in self.features.items():
+            if name not in FEATURES:
+                raise ValueError(f"features.{name}: no serving feature is called {name!r} (registered: "
+                                 f"{FEATURES.expected() if len(FEATURES) else 'none'}); import the module that "
+                                 "registers it before loading the scenario")
+            feature = FEATURES[name]
+            if feature.switch != "features":
+                raise ValueError(f"features.{name}: {name} is turned on by {feature.switch}; set that instead")
+            model = feature.Options
+            if model is None:
+                if options:
+                    raise ValueError(f"features.{name} takes no options: remove {', '.join(options)}")
+                continue
+            try:
+                model.model_validate(options)
+            except ValidationError as e:
+                err = e.errors()[0]
+                where = ".".join(str(p) for p in err["loc"])
+                raise ValueError(f"features.{name}.{where}: {err['msg']}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _iteration_level_only(self) -> Scenario:
+        """Prefix caching, speculative decoding and async scheduling work per token: they need a mode
+        that plans step by step (``iteration_level``, continuous batching's family)."""
         specs = self.cluster.groups()
         pairs = [(self.kv_cache, self.batching)] if specs is None else \
             [(s.kv_cache or self.kv_cache, s.batching or self.batching) for s in specs]
-        if any(kv.enable_prefix_caching and b.mode != "continuous" for kv, b in pairs):
+        if any(kv.enable_prefix_caching and not MODES[b.mode].iteration_level for kv, b in pairs):
             raise ValueError("kv_cache.enable_prefix_caching with a request-level batching mode: a static or "
                              "dynamic batch reserves its memory whole, for padded prompts; use batching.mode: "
                              "continuous, or set enable_prefix_caching to false")
         devices = [(self.device, self.batching)] if specs is None else \
             [(s.device or self.device, s.batching or self.batching) for s in specs]
-        if any(d.speculative is not None and b.mode != "continuous" for d, b in devices):
+        if any(d.speculative is not None and not MODES[b.mode].iteration_level for d, b in devices):
             raise ValueError("device.speculative with a request-level batching mode: a static or dynamic batch "
                              "emits one token per step for every slot; use batching.mode: continuous, or remove "
                              "device.speculative")
-        if self.scheduler.async_scheduling and any(b.mode != "continuous" for _, b in pairs):
+        if self.features and any(not MODES[b.mode].iteration_level for _, b in pairs):
+            raise ValueError(f"features ({', '.join(self.features)}) with a request-level batching mode: serving "
+                             "features act on the steps an iteration-level scheduler plans; use batching.mode: "
+                             "continuous, or remove them")
+        if self.scheduler.async_scheduling and any(not MODES[b.mode].iteration_level for _, b in pairs):
             raise ValueError("scheduler.async_scheduling with a request-level batching mode: it is how vLLM's "
                              "engine overlaps planning a step with running the last one; use batching.mode: "
                              "continuous, or set async_scheduling to false")
@@ -100,20 +136,24 @@ class Scenario(_Model):
         cap = wl.max_concurrency if wl.max_concurrency is not None else \
             (wl.closed_loop.concurrency if wl.closed_loop is not None else None)
         if cap is not None:
-            # A static batcher with no timer starts a batch only when it is full (or arrivals end). If
-            # every request the client lets out can sit in such a batcher short of a full batch, the
-            # client waits for a response that never comes: a deadlock, in the model as in a real
-            # deployment. Pigeonhole: more than sum(max_num_seqs - 1) in flight always fills one.
+            # A request-level batcher with its timer off (static without max_wait_ms) starts a batch only
+            # when it is full (or arrivals end). If every request the client lets out can sit in such a
+            # batcher short of a full batch, the client waits for a response that never comes: a deadlock,
+            # in the model as in a real deployment. Pigeonhole: more than sum(max_num_seqs - 1) in flight
+            # always fills one.
             batchings = [self.batching] if self.cluster.groups() is None else \
                 [s.batching or self.batching for s in self.cluster.groups() for _ in range(s.count)]
             if self.cluster.groups() is None:
                 batchings *= self.cluster.replicas
-            stuck = sum(b.max_num_seqs - 1 for b in batchings if b.mode == "static" and b.max_wait_ms is None)
+            waiting = [b for b in batchings if MODES[b.mode].waits_for_full_batch(b)]
+            stuck = sum(b.max_num_seqs - 1 for b in waiting)
             if stuck and cap <= stuck:
                 which = "max_concurrency" if wl.max_concurrency is not None else "closed_loop.concurrency"
-                raise ValueError(f"workload.{which} ({cap}) can deadlock static batching without max_wait_ms: "
-                                 f"up to {stuck} requests can wait for batches that never fill while the client "
-                                 f"waits for them; set batching.max_wait_ms, or {which} to at least {stuck + 1}")
+                timer = MODES[waiting[0].mode].batch_timer
+                without, fix = (f" without {timer}", f"set batching.{timer}, or ") if timer else ("", "set ")
+                raise ValueError(f"workload.{which} ({cap}) can deadlock {waiting[0].mode} batching{without}: up "
+                                 f"to {stuck} requests can wait for batches that never fill while the client waits "
+                                 f"for them; {fix}{which} to at least {stuck + 1}")
         return self
 
     @model_validator(mode="after")
@@ -124,7 +164,7 @@ class Scenario(_Model):
         for name, spec in (("prefill", pools.prefill), ("decode", pools.decode)):
             where = f"cluster.disaggregated.{name}"
             mode = (spec.batching or self.batching).mode
-            if mode != "continuous":
+            if not MODES[mode].iteration_level:
                 raise ValueError(f"{where} runs batching.mode {mode}: disaggregated pools hand requests over "
                                  "between steps, which needs iteration-level scheduling; use batching.mode: continuous")
         if (pools.decode.kv_cache or self.kv_cache).enable_prefix_caching:

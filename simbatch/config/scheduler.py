@@ -1,25 +1,25 @@
 """``scheduler``: which waiting request goes first, who is preempted, and who is turned away.
 
-The policies' orders themselves are :mod:`simbatch.schedulers.policies`; this section names one and
-sets its knobs, with vLLM's meaning where vLLM has the knob (``head_of_line_blocking: true`` is V1's
+The policies themselves are :mod:`simbatch.registry.policies` (their keys and what they declare);
+this section names one and sets its knobs, with vLLM's meaning where vLLM has the knob (``head_of_line_blocking: true`` is V1's
 no-overtaking admission).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
-from simbatch.config.base import ClockS, PosFloat, PosInt, _Model
+from simbatch.config.base import ClockS, PosFloat, PosInt, Registered, _Model
+from simbatch.registry import POLICIES
 
 
 class Scheduler(_Model):
     """Queue order, preemption and admission control."""
 
-    policy: Literal["fcfs", "priority", "sjf", "fair"] = Field(
-        default="fcfs",
-        description="fcfs; priority (lower first); sjf (shortest job first); fair (weighted tenant share).",
+    policy: Annotated[str, Registered(POLICIES)] = Field(
+        default="fcfs", description="The queue policy: the order of WAITING and who is preempted (listed under Choices).",
     )
     sjf_key: Literal["prompt", "output"] = Field(
         default="prompt",

@@ -30,6 +30,7 @@ from simbatch.memory.blocks import blocks_for, peak_kv_tokens
 from simbatch.model.clock import NS_PER_S, Urgent, to_ns
 from simbatch.observe.observers import Observer
 from simbatch.observe.recorder import Recorder
+from simbatch.registry import MODES
 from simbatch.workload import WorkloadArrays
 from simbatch.workload.prefix import OWN_STREAM
 
@@ -42,7 +43,7 @@ def rejection_reasons(scenario: Scenario, prompt_tokens: np.ndarray, output_toke
     """
     kv, b = scenario.kv_cache, scenario.batching
     reasons: dict[int, str] = {}
-    if b.mode == "continuous" and not b.enable_chunked_prefill:
+    if MODES[b.mode].iteration_level and not b.enable_chunked_prefill:
         reasons.update(dict.fromkeys(np.flatnonzero(prompt_tokens > b.max_num_batched_tokens).tolist(),
                                      "prompt_exceeds_budget"))
     never_fits = blocks_for(peak_kv_tokens(prompt_tokens, output_tokens), kv.block_size) > kv.num_blocks

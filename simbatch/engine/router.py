@@ -8,7 +8,8 @@ replica only through ``index``, ``num_running``, ``num_waiting``, ``kv_blocks_us
 to the lowest replica index, and every random draw comes from the seeded routing stream, so a
 scenario routes identically on every run.
 
-Policies, from blind to informed:
+Each router is declared in :data:`simbatch.registry.ROUTERS` (whether it reads load, draws at random,
+reads sessions) and its class attached to its name below. Policies, from blind to informed:
 
 - ``round_robin``: replicas in turn.
 - ``random``: uniformly at random. Poisson traffic split at random is Poisson on every replica at
@@ -34,6 +35,7 @@ import numpy as np
 
 from simbatch.config import Scenario
 from simbatch.model import streams
+from simbatch.registry import ROUTERS
 
 
 class Routable(Protocol):
@@ -73,7 +75,7 @@ def kv_usage(replica: Routable) -> tuple[float, int]:
 
 
 class RoundRobin:
-    def __init__(self):
+    def __init__(self) -> None:
         self._next = 0
 
     def route(self, request_index: int, replicas: Sequence[Routable]) -> int:
@@ -131,16 +133,22 @@ class SessionAffinity:
         return home
 
 
+ROUTERS.attach("round_robin", router=RoundRobin)
+ROUTERS.attach("random", router=Random)
+ROUTERS.attach("least_outstanding", router=LeastOutstanding)
+ROUTERS.attach("least_kv", router=LeastKV)
+ROUTERS.attach("power_of_two", router=PowerOfTwo)
+ROUTERS.attach("session_affinity", router=SessionAffinity)
+
+
 def make_router(scenario: Scenario, session: np.ndarray, policy: str | None = None, stream: int = streams.ROUTING):
-    """The router ``scenario.cluster.router`` (or ``policy``) names, drawing from random ``stream``;
-    ``session`` holds each request's session id."""
-    policy = policy or scenario.cluster.router
-    rng = streams.rng(scenario.seed, stream)
-    return {
-        "round_robin": RoundRobin,
-        "random": lambda: Random(rng),
-        "least_outstanding": LeastOutstanding,
-        "least_kv": LeastKV,
-        "power_of_two": lambda: PowerOfTwo(rng),
-        "session_affinity": lambda: SessionAffinity(session),
-    }[policy]()
+    """The router ``scenario.cluster.router`` (or ``policy``) names, built with what it declares it reads:
+    ``rng`` drawing from random ``stream``, ``session`` each request's session id."""
+    name = policy or scenario.cluster.router
+    declared = ROUTERS[name]
+    kwargs = {}
+    if declared.random:
+        kwargs["rng"] = streams.rng(scenario.seed, stream)
+    if declared.sessions:
+        kwargs["session"] = session
+    return ROUTERS.attached(name, "router")(**kwargs)

@@ -1,10 +1,12 @@
 """Serving techniques beyond plain batching: one module each, behind one seam.
 
-A feature is a :class:`Feature` subclass registered here with :func:`register`. It says when a
-scenario turns it on (:meth:`Feature.enabled`), declares what the engine may assume about it, and
-offers hooks that the continuous scheduler (the model, :mod:`simbatch.schedulers.continuous`) calls
-at its rules' points. A hook a feature leaves alone costs nothing: the scheduler calls only the hooks
-its enabled features define, gathered once when it is built.
+A feature is a :class:`Feature` subclass registered with :func:`register` in
+:data:`simbatch.registry.FEATURES`, as the other registries' entries are: a ``name``, a one-line
+``description``, and declarations the engine reads instead of the name. It says when a scenario
+turns it on (:meth:`Feature.enabled`), and offers hooks that the continuous scheduler (the model,
+:mod:`simbatch.schedulers.continuous`) calls at its rules' points. A hook a feature leaves alone
+costs nothing: the scheduler calls only the hooks its enabled features define, gathered once when it
+is built. Features run in iteration-level batching modes (``BatchingMode.iteration_level``).
 
 Declarations:
 
@@ -14,6 +16,10 @@ Declarations:
   run of steps in one go; it reads the declaration, never a feature's name.
 - ``columns``: per-request counters, attributes of :class:`~simbatch.model.request.Request` the
   recorder keeps and the requests frame shows.
+- ``switch``: the scenario setting that turns it on (the shipped ones have their own, with vLLM's
+  names: ``device.speculative``); a feature of your own is turned on by name in the scenario's
+  ``features`` section, with the options its ``Options`` model (pydantic) declares, which the schema
+  validates and the feature reads as ``self.options``.
 
 Hooks (see :class:`Feature` for the exact contracts):
 
@@ -33,33 +39,42 @@ docs/extending.md walks through adding a feature.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar
+
+from pydantic import BaseModel
+
+from simbatch.model.request import Request
+from simbatch.registry import FEATURES
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from simbatch.config import Scenario
-    from simbatch.model.request import Request
     from simbatch.schedulers.base import StepPlan
 
 HOOKS = ("decode_tokens", "applied", "step_ms")
 
 
-class Feature(ABC):
+class Feature:
     """A serving technique: its declarations, and the hooks it overrides (the others do nothing)."""
 
     name: ClassVar[str] = ""
+    description: ClassVar[str] = ""  # one line, for the docs
     repeatable: ClassVar[bool] = True
     columns: ClassVar[tuple[tuple[str, str], ...]] = ()  # (Request attribute, numpy dtype)
+    switch: ClassVar[str] = "features"  # the scenario setting that turns it on
+    Options: ClassVar[type[BaseModel] | None] = None  # its options under features.<name>, validated by the schema
+    examples: ClassVar[tuple[dict, ...]] = ({},)  # option sets that exercise it (the equivalence tests draw them)
 
     def __init__(self, scenario: Scenario):
         self.scenario = scenario
+        self.options = None if self.Options is None else self.Options.model_validate(scenario.features[self.name])
 
-    @staticmethod
-    @abstractmethod
-    def enabled(scenario: Scenario) -> bool:
-        """Whether ``scenario`` (one replica's) turns the feature on."""
+    @classmethod
+    def enabled(cls, scenario: Scenario) -> bool:
+        """Whether ``scenario`` (one replica's) turns the feature on: by default, when its ``features``
+        section names it. A feature with a setting of its own (``switch``) reads that instead."""
+        return cls.name in scenario.features
 
     def decode_tokens(self, req: Request, spare: int) -> int:
         """Tokens ``req``, decoding, computes this step beyond its own one: at most ``spare`` (what the
@@ -83,29 +98,25 @@ class Feature(ABC):
         return {}
 
 
-REGISTRY: dict[str, type[Feature]] = {}
-
-
 def register(cls: type[Feature]) -> type[Feature]:
     """Register a feature class (a class decorator) under its ``name``."""
-    if not cls.name or cls.name in REGISTRY:
-        raise ValueError(f"a feature needs a name of its own: {cls.name!r}")
-    if getattr(cls.enabled, "__isabstractmethod__", False):
-        raise TypeError(f"feature {cls.name} must say when a scenario enables it (enabled)")
-    REGISTRY[cls.name] = cls
-    return cls
+    if cls.switch != "features" and getattr(cls.enabled, "__func__", None) is Feature.enabled.__func__:
+        raise TypeError(f"feature {cls.name} is turned on by {cls.switch}: it must say how it reads it (enabled)")
+    if not (isinstance(cls.repeatable, bool) and all(hasattr(Request, a) for a, _ in cls.columns)):
+        raise TypeError(f"feature {cls.name}: repeatable must be a bool, and each column an attribute of Request")
+    return FEATURES.register(cls)
 
 
 def features_for(scenario: Scenario) -> list[Feature]:
     """The enabled features of one replica's scenario, in registration order, built for it."""
     _load()
-    return [cls(scenario) for cls in REGISTRY.values() if cls.enabled(scenario)]
+    return [cls(scenario) for cls in FEATURES if cls.enabled(scenario)]
 
 
 def feature_classes(scenarios: list[Scenario]) -> list[type[Feature]]:
     """The features any of these (replicas') scenarios enables, in registration order."""
     _load()
-    return [cls for cls in REGISTRY.values() if any(cls.enabled(s) for s in scenarios)]
+    return [cls for cls in FEATURES if any(cls.enabled(s) for s in scenarios)]
 
 
 def hooks(features: list[Feature], name: str) -> tuple:

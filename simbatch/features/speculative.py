@@ -148,6 +148,8 @@ class SpeculativeDecoding(Feature):
     """``device.speculative``: each decode verifies up to k drafts and keeps those accepted (module docstring)."""
 
     name = "speculative_decoding"
+    description = "A drafter proposes k tokens per decode, the target verifies them in one step."
+    switch = "device.speculative"
     repeatable = False  # each step accepts a random number of drafts: no two are alike
     columns = (("num_drafts", "int32"), ("num_draft_tokens", "int64"), ("num_accepted_tokens", "int64"))
 

@@ -1,7 +1,13 @@
-"""Batching modes: plain-Python schedulers behind one interface (see :mod:`.base`)."""
+"""Batching modes: plain-Python schedulers behind one interface (see :mod:`.base`).
+
+Each mode of :data:`simbatch.registry.MODES` has its scheduler class attached to its name where the
+class is defined (:mod:`.continuous`, :mod:`.request_level`); a mode of your own attaches its own
+(docs/extending.md).
+"""
 
 from simbatch.config import Scenario
 from simbatch.memory.kv import KVCacheManager
+from simbatch.registry import MODES
 from simbatch.schedulers.base import IDLE, Answer, BaseScheduler, Idle, SleepUntil, StepOutcome, StepPlan
 from simbatch.schedulers.continuous import ContinuousScheduler
 from simbatch.schedulers.policies import make_queue
@@ -10,7 +16,7 @@ from simbatch.schedulers.request_level import RequestLevelScheduler
 
 def scheduler_class(scenario: Scenario) -> type[BaseScheduler]:
     """The model's scheduler for the scenario's batching mode."""
-    return ContinuousScheduler if scenario.batching.mode == "continuous" else RequestLevelScheduler
+    return MODES.attached(scenario.batching.mode, "scheduler")
 
 
 def make_scheduler(scenario: Scenario, tenant_names: tuple[str, ...] = ("default",),

@@ -15,8 +15,9 @@ Every step the running set is chosen afresh (Orca), and each request gets a slic
    blocks allow; the first that does not fit stops admission (no overtaking), or, with
    ``scheduler.head_of_line_blocking: false``, is passed over so that later ones may fit (first-fit
    backfilling). No admissions happen in a step that preempted (the victim would be re-admitted at
-   once, its work discarded), unless the preemptions left nothing running. Under the ``priority``
-   policy a waiting request may evict a running one of strictly worse priority.
+   once, its work discarded), unless the preemptions left nothing running. Under a policy that
+   declares ``evicts_at_admission`` (``priority``) a waiting request may evict a running one of
+   strictly worse level.
 
 Speculative decoding (``device.speculative``, :mod:`simbatch.features.speculative`): in rule 1 a decoding
 request takes its token and ``d`` drafts, ``d = min(k, tokens it still needs - 1, budget left - 1
@@ -52,6 +53,7 @@ from simbatch.features import features_for, hooks
 from simbatch.memory.blocks import blocks_for
 from simbatch.memory.kv import KVCacheManager
 from simbatch.model.request import FINISHED, RUNNING, WAITING, Request
+from simbatch.registry import MODES, POLICIES
 from simbatch.schedulers.base import IDLE, BaseScheduler, Idle, StepOutcome, StepPlan
 from simbatch.schedulers.policies import WaitingQueue, victim_key, waiting_key
 
@@ -75,7 +77,10 @@ class ContinuousScheduler(BaseScheduler):
         self.chunk_cap = b.long_prefill_token_threshold or b.max_num_batched_tokens
         self.swap = s.preemption == "swap"
         self.max_preemptions = s.max_preemptions
-        self.evicts_for_priority = s.policy == "priority"
+        # What the queue policy declares (simbatch.registry.policies), read once.
+        policy = POLICIES[s.policy]
+        self.evicts_at_admission = policy.evicts_at_admission
+        self.victims_by_admission = policy.victim_key is None
         self.head_of_line_blocking = s.head_of_line_blocking
         self._victim_key = victim_key(s)
         self._waiting_key = waiting_key(s)
@@ -276,7 +281,7 @@ class ContinuousScheduler(BaseScheduler):
 
     def _pick_victim(self, exclude: Request) -> Request | None:
         """The lowest-ranked running request below ``exclude`` (the requester), if any."""
-        if not self.evicts_for_priority:
+        if self.victims_by_admission:
             # Ranked by admission, and RUNNING is kept in admission order: look from the end.
             for r in reversed(self.running):
                 if r.admitted_seq <= exclude.admitted_seq:
@@ -335,7 +340,7 @@ class ContinuousScheduler(BaseScheduler):
             if n == 0 or full or not (
                     kv.fits(req, hits, n) if len(hits) else
                     blocks_for(req.num_computed_tokens + n, kv.block_size) <= kv.device.num_free):
-                if n and self.evicts_for_priority and self._evict_for(req, now, plan):
+                if n and self.evicts_at_admission and self._evict_for(req, now, plan):
                     continue
                 if self.head_of_line_blocking or full or not kv.device.num_free:
                     break
@@ -417,7 +422,8 @@ class ContinuousScheduler(BaseScheduler):
                 *self._done_last_step]
 
     def _evict_for(self, req: Request, now: float, plan: StepPlan) -> bool:
-        """Priority's teeth: preempt the worst running request if its priority is strictly worse.
+        """Eviction at admission (priority's teeth): preempt the worst running request if its level is
+        strictly worse.
 
         Keys end with the arrival tie-breaker, which is left out here: two requests of equal
         (aged) priority must not evict each other, or they would take turns forever.
@@ -502,3 +508,6 @@ class ContinuousScheduler(BaseScheduler):
             "a request is in two pools"
         assert all(r.status is FINISHED for r in (*self._done_held, *self._done_last_step)), \
             "a request held after finishing is not finished"
+
+
+MODES.attach("continuous", scheduler=ContinuousScheduler)

@@ -1,25 +1,10 @@
-"""Queue policies: who is served next from WAITING, and who is evicted from RUNNING.
+"""The structures of WAITING, and the policies' keys as a scheduler section gives them.
 
-A policy is a plain *key function*: the waiting request with the smallest key goes first, and among
-running requests the one with the largest victim key is preempted first. Every key ends with the
-request id (its arrival sequence number), so ties are broken the same way in every run.
-
-- ``fcfs``: arrival order. Preempted requests keep their key: with head-of-line blocking FCFS admits
-  in arrival order, so a preempted request arrived before anything still waiting and returns to the
-  front (as vLLM V1 puts it); with backfilling, older requests that were passed over stay ahead of it.
-- ``priority``: lower value first, arrival breaks ties. With ``aging_s``, a waiting request's
-  effective priority drops by one level every ``aging_s`` seconds it waits. All waiting requests age
-  at the same rate, so their order depends only on ``priority + arrival_s / aging_s``: a static key,
-  and no rescans as time passes.
-- ``sjf``: shortest prompt first, or shortest true output (``sjf_key: output``): the latter is an
-  oracle no real server has, an upper bound on what length prediction could buy.
-- ``fair``: weighted fair share of running slots: the next request comes from the tenant with the
-  fewest running requests per unit of weight; FCFS within a tenant. See :class:`FairQueue`.
-
-Victims: the worst key under ``priority`` (worst priority, then the newest arrival); the newest
-admitted (LIFO, cheapest to recompute) under every other policy. A request only ever evicts one ranked
-below it; ``scheduler.max_preemptions`` protects a request preempted that often, unless every running
-request is stalled on memory, when the lowest-ranked goes all the same.
+A queue policy is declared in :mod:`simbatch.registry.policies` (its keys, and what it declares about
+them); this module holds what the schedulers build from one: :func:`waiting_key` and
+:func:`victim_key` for a ``scheduler`` section, and the waiting queue its declared ``queue`` names
+(:data:`QUEUES`): a :class:`WaitingQueue` ordered by the waiting key, or a :class:`FairQueue` that
+shares running slots among tenants.
 """
 
 from __future__ import annotations
@@ -32,31 +17,25 @@ from operator import itemgetter
 
 from simbatch.config import Scheduler
 from simbatch.model.request import Request
+from simbatch.registry import POLICIES, Key
 
-Key = Callable[[Request], tuple]
 _second = itemgetter(1)  # the request of a (key, request) entry
 
 
 def waiting_key(cfg: Scheduler) -> Key:
     """The ordering of WAITING under ``cfg.policy`` (smallest first)."""
-    if cfg.policy == "priority":
-        if cfg.aging_s is None:
-            return lambda r: (r.priority, r.request_id)
-        aging = cfg.aging_s
-        return lambda r: (r.priority + r.arrival_s / aging, r.request_id)
-    if cfg.policy == "sjf":
-        if cfg.sjf_key == "output":
-            return lambda r: (r.output_tokens, r.request_id)
-        return lambda r: (r.prompt_tokens, r.request_id)
-    return lambda r: (r.request_id,)
+    return POLICIES[cfg.policy].waiting_key(cfg)
+
+
+def _by_admission(r: Request) -> tuple:
+    return (r.admitted_seq,)
 
 
 def victim_key(cfg: Scheduler) -> Key:
-    """The ordering of RUNNING for preemption (largest is evicted first)."""
-    if cfg.policy == "priority":
-        order = waiting_key(cfg)
-        return lambda r: (*order(r), r.admitted_seq)
-    return lambda r: (r.admitted_seq,)
+    """The ordering of RUNNING for preemption (largest is evicted first): the policy's, or the newest
+    admitted first when it declares none."""
+    order = POLICIES[cfg.policy].victim_key
+    return _by_admission if order is None else order(cfg)
 
 
 class WaitingQueue:
@@ -111,16 +90,17 @@ class WaitingQueue:
 
 
 class FairQueue(WaitingQueue):
-    """Weighted fair share of running slots across tenants, FCFS within each tenant.
+    """Weighted fair share of running slots across tenants, in key order within each tenant.
 
-    The head is the oldest request of the tenant with the smallest ``running / weight`` (ties to the
-    tenant whose head arrived first). With a handful of tenants the choice is O(tenants).
+    The head is the first request (by ``key``: arrival under ``fair``) of the tenant with the smallest
+    ``running / weight`` (ties to the tenant whose head comes first by key). With a handful of tenants
+    the choice is O(tenants).
     """
 
     __slots__ = ("_by_tenant", "_running", "_weights", "_size")
 
-    def __init__(self, weights: list[float]):
-        super().__init__(lambda r: (r.request_id,))
+    def __init__(self, weights: list[float], key: Key = lambda r: (r.request_id,)):
+        super().__init__(key)
         self._weights = weights
         self._by_tenant: list[list[tuple[tuple, Request]]] = [[] for _ in weights]
         self._running = [0] * len(weights)
@@ -133,7 +113,7 @@ class FairQueue(WaitingQueue):
         return (r for heap in self._by_tenant for _, r in heap)
 
     def push(self, req: Request) -> None:
-        heapq.heappush(self._by_tenant[req.tenant], ((req.request_id,), req))
+        heapq.heappush(self._by_tenant[req.tenant], (self._key(req), req))
         self._size += 1
 
     def _head_tenant(self) -> int | None:
@@ -163,7 +143,23 @@ class FairQueue(WaitingQueue):
         self._running[req.tenant] -= 1
 
 
-def make_queue(cfg: Scheduler, tenant_names: tuple[str, ...]) -> WaitingQueue:
-    if cfg.policy == "fair":
-        return FairQueue([cfg.tenant_weights.get(name, 1.0) for name in tenant_names])
+def _keyed(cfg: Scheduler, tenant_names: tuple[str, ...]) -> WaitingQueue:
     return WaitingQueue(waiting_key(cfg))
+
+
+def _tenant_share(cfg: Scheduler, tenant_names: tuple[str, ...]) -> WaitingQueue:
+    return FairQueue([cfg.tenant_weights.get(name, 1.0) for name in tenant_names], waiting_key(cfg))
+
+
+QUEUES: dict[str, Callable[[Scheduler, tuple[str, ...]], WaitingQueue]] = {"keyed": _keyed, "tenant_share": _tenant_share}
+"""Each queue structure a policy may declare (``Policy.queue``), built for a ``scheduler`` section and the
+workload's tenants."""
+
+
+def make_queue(cfg: Scheduler, tenant_names: tuple[str, ...]) -> WaitingQueue:
+    """WAITING for one engine, as ``cfg.policy`` declares it."""
+    structure = POLICIES[cfg.policy].queue
+    if structure not in QUEUES:
+        raise KeyError(f"queue policy {cfg.policy!r} needs a queue structure {structure!r}, which "
+                       f"simbatch.schedulers.policies does not have ({', '.join(QUEUES)})")
+    return QUEUES[structure](cfg, tenant_names)

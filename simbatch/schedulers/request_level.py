@@ -2,7 +2,8 @@
 
 A batch of up to ``max_num_seqs`` requests is formed, prefilled together, and decoded step by step
 until its longest request is done; only then is the next batch formed. Membership is frozen. The two
-modes differ only in *when* a batch forms:
+modes, both this class, differ only in *when* a batch forms: in their declared ``batch_timer``
+(:mod:`simbatch.registry.modes`):
 
 - ``static`` waits for a full batch; with ``max_wait_ms`` it starts a partial one once the oldest
   waiting request has waited that long. Without ``max_wait_ms`` it would wait forever once arrivals
@@ -32,6 +33,7 @@ from simbatch.config import Scenario
 from simbatch.memory.blocks import peak_kv_tokens
 from simbatch.memory.kv import KVCacheManager
 from simbatch.model.request import Request, Status
+from simbatch.registry import MODES
 from simbatch.schedulers.base import IDLE, Answer, BaseScheduler, SleepUntil, StepOutcome, StepPlan
 from simbatch.schedulers.policies import WaitingQueue
 
@@ -43,10 +45,8 @@ class RequestLevelScheduler(BaseScheduler):
         self.max_batch_size = b.max_num_seqs
         self.pad = b.pad_prompts
         self.head_of_line_blocking = scenario.scheduler.head_of_line_blocking
-        if b.mode == "dynamic":
-            self.max_wait_s: float | None = b.max_queue_delay_s
-        else:
-            self.max_wait_s = b.max_wait_s
+        # When a partial batch starts, after its oldest request has waited: the mode's timer (None: never).
+        self.max_wait_s: float | None = MODES[b.mode].timer_s(b)
         self.batch: list[Request] = []  # every slot of the current batch, done or not
         self._prefilled = False
         self._admitted_now = 0
@@ -89,12 +89,16 @@ class RequestLevelScheduler(BaseScheduler):
 
     def _form_batch(self, now: float) -> None:
         """Take requests in policy order while the padded footprint fits in free blocks; one that
-        does not fit ends the batch, or, without head-of-line blocking, is passed over."""
+        does not fit ends the batch, or, without head-of-line blocking, is passed over, as is one the
+        mode does not let join (:meth:`joins`)."""
         prompts: list[int] = []
         o_max = blocks = 0
         passed_over: list[Request] = []
         while len(self.waiting) and len(self.batch) < self.max_batch_size:
             req = self.waiting.peek()
+            if not self.joins(req):
+                passed_over.append(self.waiting.pop())
+                continue
             need = self._footprint([*prompts, req.prompt_tokens], max(o_max, req.output_tokens))
             if need > self.kv.device.num_free:
                 if self.head_of_line_blocking:
@@ -113,6 +117,13 @@ class RequestLevelScheduler(BaseScheduler):
         assert reserved, "a batch was formed beyond the free blocks"
         self._prefilled = False
         self._admitted_now = len(self.batch)
+
+    def joins(self, req: Request) -> bool:
+        """Whether ``req``, next in policy order, may join the batch being formed (``self.batch``, its
+        members so far); one that may not is passed over and stays waiting. Every request may here: a
+        mode of request-level batching that forms batches otherwise (by prompt length, by tenant)
+        overrides this (docs/extending.md)."""
+        return True
 
     def _next_step(self) -> StepPlan:
         """The batch prefill, then its decode steps.
@@ -179,3 +190,7 @@ class RequestLevelScheduler(BaseScheduler):
 
     def _block_holders(self) -> list[Request]:
         return self.batch  # done requests keep their slot's memory until the batch ends
+
+
+MODES.attach("static", scheduler=RequestLevelScheduler)
+MODES.attach("dynamic", scheduler=RequestLevelScheduler)

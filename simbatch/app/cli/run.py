@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, get_args
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -38,10 +38,10 @@ if TYPE_CHECKING:
 
 
 def batching_modes() -> tuple[str, ...]:
-    """The batching modes the schema accepts."""
-    from simbatch.config import Batching
+    """The batching modes the schema accepts (the registry's)."""
+    from simbatch.registry import MODES
 
-    return get_args(Batching.model_fields["mode"].annotation)
+    return MODES.names()
 
 SCENARIO_ARG = typer.Argument(..., metavar="SCENARIO.yaml", help="The scenario file (see `simbatch schema`).",
                               show_default=False)

@@ -21,8 +21,10 @@ from dataclasses import dataclass
 
 from simbatch.app.plan.space import Config
 from simbatch.config import Scenario, replica_scenarios
+from simbatch.registry import POLICIES
 
 NIXL = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+VLLM_DEFAULT_POLICY = "fcfs"  # vLLM's --scheduling-policy default: not repeated on the command line
 
 
 @dataclass(frozen=True)
@@ -53,11 +55,12 @@ def _flags(config: Config, scenario: Scenario) -> tuple[list[str], list[str]]:
     if scenario.device.preset is None:
         flags += ["--num-gpu-blocks-override", str(kv.num_blocks)]
     notes = []
-    if sched.policy == "priority":
-        flags += ["--scheduling-policy", "priority"]
-    elif sched.policy != "fcfs":
-        notes.append(f"simulated with scheduler.policy {sched.policy}, which vLLM does not have (it runs fcfs "
-                     "or priority)")
+    vllm_policy = POLICIES[sched.policy].vllm
+    if vllm_policy is None:
+        notes.append(f"simulated with scheduler.policy {sched.policy}, which vLLM does not have (it runs "
+                     f"{' or '.join(p.vllm for p in POLICIES if p.vllm)})")
+    elif vllm_policy != VLLM_DEFAULT_POLICY:
+        flags += ["--scheduling-policy", vllm_policy]
     spec = scenario.device.speculative
     if spec is not None:
         notes.append(f"simulated with speculative decoding ({spec.num_speculative_tokens} draft tokens, "

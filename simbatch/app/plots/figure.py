@@ -17,10 +17,14 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from simbatch.app.atomic import atomic_file
+from simbatch.registry import MODES
 
-# One colour per batching mode across every plot, so a student can follow a mode from plot to plot.
-MODE_COLORS = {"static": "#d62728", "dynamic": "#ff7f0e", "continuous": "#1f77b4"}
+# One colour per batching mode across every plot, so a student can follow a mode from plot to plot: the
+# modes of simbatch.registry.MODES in registration order (static red, dynamic orange, continuous blue),
+# then the others' cycle for modes registered later.
+_MODE_PALETTE = ("#d62728", "#ff7f0e", "#1f77b4")
 _OTHERS = ("#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+MODE_COLORS = dict(zip(MODES.names(), _MODE_PALETTE + _OTHERS, strict=False))
 
 
 class Frames(Protocol):
@@ -37,7 +41,7 @@ class Run(NamedTuple):
     requests: pd.DataFrame
 
 
-_MODE_IN_LABEL = re.compile(rf"(?:^|[ ,])mode=({'|'.join(MODE_COLORS)})(?:$|[ ,])")
+_MODE_IN_LABEL = re.compile(r"(?:^|[ ,])mode=([a-z][a-z0-9_]*)(?:$|[ ,])")
 
 
 def mode_of(label: str) -> str | None:
@@ -45,7 +49,7 @@ def mode_of(label: str) -> str | None:
     if label in MODE_COLORS:
         return label
     found = _MODE_IN_LABEL.search(label)
-    return found.group(1) if found else None
+    return found.group(1) if found and found.group(1) in MODE_COLORS else None
 
 
 def colors(labels: Iterable[str]) -> dict[str, str]:

@@ -13,6 +13,7 @@ from matplotlib.figure import Figure
 
 from simbatch.app.plots.figure import Frames, colors, finish_axes, new_figure
 from simbatch.config import SLO
+from simbatch.registry import MODES
 
 
 def _finished(requests: pd.DataFrame) -> pd.DataFrame:
@@ -104,7 +105,7 @@ def latency_by_request(runs: Mapping[str, Frames]) -> Figure:
     top.set_ylim(bottom=0)
     bottom.set_ylim(bottom=0)
     for label, color in colors(runs).items():
-        if label in ("static", "dynamic"):
+        if label in MODES and not MODES[label].iteration_level:  # a request-level mode's batches
             _annotate_hol(top, _finished(runs[label].requests), color)
             break
     top.set_title("Latency of each request, by arrival time")

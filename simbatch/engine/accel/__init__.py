@@ -5,13 +5,14 @@ one seam, the :class:`Accelerator` the loop holds. It answers the loop's two que
 steps like the one just planned run if nothing arrives (their durations summed exactly by the cost
 model, :class:`~simbatch.model.cost.StepRun`), and how to apply ``n`` of them at once.
 
-- :func:`stepping` gives the **null accelerator**, the reference engine (``sim.fast_forward:
+- :class:`Stepping` is the **null accelerator**, the reference engine (``sim.fast_forward:
   false``): the batching mode's own scheduler, the model, and one step at a time.
-- :func:`fast_forward` gives the accelerated engine: the batching mode's accelerated *twin* of its
-  scheduler, which plans the very same steps at a cost that follows what changes in a step rather
-  than the batch, and takes runs of identical steps in one go: lockstep decodes for continuous
-  batching (:mod:`.lockstep`), a batch's decode steps for request-level batching (:mod:`.batches`).
-  A lone replica may also run ahead of SimPy's clock (the loop's ``run_ahead``).
+- :func:`engine_scheduler` gives the accelerated engine: the batching mode's accelerated *twin* of
+  its scheduler (attached to the mode in :data:`simbatch.registry.MODES`), which plans the very same
+  steps at a cost that follows what changes in a step rather than the batch, and takes runs of
+  identical steps in one go: lockstep decodes for continuous batching (:mod:`.lockstep`), a batch's
+  decode steps for request-level batching (:mod:`.batches`). A lone replica may also run ahead of
+  SimPy's clock (the loop's ``run_ahead``).
 
 Where an acceleration has nothing to gain it declines, and the model's rules run as written: a
 feature that makes consecutive steps differ (speculative decoding's random acceptances) says so in
@@ -23,9 +24,9 @@ from __future__ import annotations
 from typing import Protocol
 
 from simbatch.config import Scenario
-from simbatch.engine.accel.batches import BatchRuns
-from simbatch.engine.accel.lockstep import LockstepScheduler
-from simbatch.schedulers import ContinuousScheduler, RequestLevelScheduler, make_scheduler, scheduler_class
+from simbatch.engine.accel import batches, lockstep  # noqa: F401  (they attach the twins)
+from simbatch.registry import MODES
+from simbatch.schedulers import make_scheduler
 from simbatch.schedulers.base import BaseScheduler, StepOutcome, StepPlan
 
 
@@ -73,20 +74,17 @@ class Stepping:
         return n * self.scheduler.kv_blocks_used
 
 
-# Each batching mode's scheduler and its accelerated twin, which is its own accelerator.
-TWINS: dict[type[BaseScheduler], type[BaseScheduler]] = {ContinuousScheduler: LockstepScheduler,
-                                                        RequestLevelScheduler: BatchRuns}
-
-
 def engine_scheduler(scenario: Scenario, tenant_names: tuple[str, ...] = ("default",),
                      accelerated: bool | None = None) -> tuple[BaseScheduler, Accelerator]:
     """The scheduler one engine of ``scenario`` runs, and its accelerator: the model's scheduler and
-    the null accelerator for the reference engine, the twin (its own accelerator) otherwise.
-    ``accelerated`` defaults to ``sim.fast_forward``."""
+    the null accelerator for the reference engine, the batching mode's twin (attached to the mode in
+    :data:`simbatch.registry.MODES`; its own accelerator) otherwise. A mode with no twin runs the
+    reference engine either way. ``accelerated`` defaults to ``sim.fast_forward``."""
     if accelerated is None:
         accelerated = scenario.sim.fast_forward
-    if not accelerated:
+    twin = MODES.find(scenario.batching.mode, "twin") if accelerated else None
+    if twin is None:
         model = make_scheduler(scenario, tenant_names)
         return model, Stepping(model)
-    twin = make_scheduler(scenario, tenant_names, TWINS[scheduler_class(scenario)])
-    return twin, twin
+    scheduler = make_scheduler(scenario, tenant_names, twin)
+    return scheduler, scheduler

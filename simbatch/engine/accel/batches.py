@@ -4,10 +4,14 @@ A static or dynamic batch's membership is frozen and its memory reserved whole a
 (:mod:`simbatch.schedulers.request_level`), so between its prefill and its next finishing request
 every decode step is the same step: :class:`BatchRuns` says how many, and applies them at once, each
 running request ``n`` tokens further, with exactly the state stepping one at a time leaves.
+
+It overrides only the accelerator's calls, so it is the twin of any request-level scheduler that keeps
+those two rules and changes when a batch forms: ``class Twin(BatchRuns, YourScheduler)`` (docs/extending.md).
 """
 
 from __future__ import annotations
 
+from simbatch.registry import MODES
 from simbatch.schedulers.base import StepOutcome, StepPlan
 from simbatch.schedulers.request_level import RequestLevelScheduler
 
@@ -40,3 +44,7 @@ class BatchRuns(RequestLevelScheduler):
             req.last_token_s = end_s
             req.last_token_step = step + n - 1
         return self._settle(end_s, outcome)
+
+
+MODES.attach("static", twin=BatchRuns)
+MODES.attach("dynamic", twin=BatchRuns)

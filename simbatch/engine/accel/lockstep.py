@@ -37,6 +37,7 @@ from simbatch.config import Scenario
 from simbatch.memory.blocks import blocks_for
 from simbatch.memory.kv import KVCacheManager
 from simbatch.model.request import RUNNING, Request
+from simbatch.registry import MODES, POLICIES
 from simbatch.schedulers.base import IDLE, Idle, StepOutcome, StepPlan
 from simbatch.schedulers.continuous import ContinuousScheduler
 from simbatch.schedulers.policies import WaitingQueue
@@ -114,7 +115,7 @@ class LockstepScheduler(ContinuousScheduler):
 
     def __init__(self, scenario: Scenario, kv: KVCacheManager, waiting: WaitingQueue):
         super().__init__(scenario, kv, waiting)
-        self._fifo = scenario.scheduler.policy == "fcfs"
+        self._arrival_order = POLICIES[scenario.scheduler.policy].arrival_order
         self._waiting_at_plan = 0
         # The lockstep group (module docstring).
         self._group: dict[Request, int] = {}  # member -> the clock when it joined
@@ -347,15 +348,16 @@ class LockstepScheduler(ContinuousScheduler):
         return j
 
     def plan_survives_arrivals(self) -> bool:
-        """New arrivals cannot be admitted mid-run when every slot is taken, or, under FCFS with
-        head-of-line blocking, when an older request already waits at the head (it could not be
-        admitted and, with blocks only shrinking, still cannot; a newcomer may not overtake it).
-        Priority may evict for a newcomer, so it always replans, as does a decode replica that a
-        transfer has just delivered to (the newcomer decodes from the next step)."""
-        if self.evicts_for_priority or self._delivered or self.async_scheduling:
+        """New arrivals cannot be admitted mid-run when every slot is taken, or, under a policy in
+        arrival order (``arrival_order``: FCFS) with head-of-line blocking, when an older request
+        already waits at the head (it could not be admitted and, with blocks only shrinking, still
+        cannot; a newcomer may not overtake it). A policy that evicts at admission (priority) may evict
+        for a newcomer, so it always replans, as does a decode replica that a transfer has just
+        delivered to (the newcomer decodes from the next step)."""
+        if self.evicts_at_admission or self._delivered or self.async_scheduling:
             return False  # (async scheduling: the arrival is seen a plan later, which must be made)
         return len(self.running) >= self.max_num_seqs or \
-            (self._fifo and self.head_of_line_blocking and self._waiting_at_plan > 0)
+            (self._arrival_order and self.head_of_line_blocking and self._waiting_at_plan > 0)
 
     def kv_blocks_during(self, i: int) -> int:
         return self._plan_used + self._group_blocks(self.clock + 1, self.clock + i)
@@ -403,3 +405,5 @@ class LockstepScheduler(ContinuousScheduler):
 
 
 _prefill_pending, _num_computed_tokens = attrgetter("prefill_pending"), attrgetter("num_computed_tokens")
+
+MODES.attach("continuous", twin=LockstepScheduler)

@@ -1,0 +1,87 @@
+"""Hypothesis strategies that draw from the registries (:mod:`simbatch.registry`) as they stand.
+
+Every draw reads the registry at draw time, so a policy, batching mode, router or serving feature
+registered by a module of one's own (docs/extending.md) is drawn by every property test that uses
+these, the reference-against-accelerated equivalence tests first (tests/test_fast_forward.py),
+without editing a test. What a scenario may combine is read from the entries' declarations, never
+their names: serving features, prefix caching and async scheduling only under an iteration-level
+mode, a client only where a request-level batch cannot wait for ever for a full batch.
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+import simbatch.engine  # noqa: F401  (the shipped schedulers, twins and routers attach themselves)
+import simbatch.features.speculative  # noqa: F401  (the shipped serving features register themselves)
+from simbatch.registry import FEATURES, MODES, POLICIES, ROUTERS, Registry
+
+
+@st.composite
+def registered(draw, registry: Registry, where=lambda entry: True) -> str:
+    """The name of an entry of ``registry`` (one that ``where`` accepts), as it stands when drawn."""
+    return draw(st.sampled_from([e.name for e in registry if where(e)]))
+
+
+def policies():
+    return registered(POLICIES)
+
+
+def modes(iteration_level: bool | None = None):
+    """A batching mode; with ``iteration_level`` set, one that declares it so."""
+    return registered(MODES, lambda m: iteration_level is None or m.iteration_level == iteration_level)
+
+
+def routers(reads_load: bool | None = None):
+    """A router; with ``reads_load`` set, one that declares it so (a signal delay applies to those)."""
+    return registered(ROUTERS, lambda r: reads_load is None or r.reads_load == reads_load)
+
+
+def iteration_level(mode: str) -> bool:
+    return MODES[mode].iteration_level
+
+
+@st.composite
+def speculative(draw) -> dict:
+    """``device.speculative``: the setting speculative decoding has of its own (vLLM's)."""
+    spec = draw(st.fixed_dictionaries({
+        "num_speculative_tokens": st.integers(1, 6), "acceptance_rate": st.floats(0, 0.95),
+        "draft_cost_ms": st.floats(0, 3)}))
+    if spec["acceptance_rate"] > 0 and draw(st.booleans()):  # a rate per request
+        spec["acceptance_rate_concentration"] = draw(st.floats(0.5, 20))
+    return spec
+
+
+# The shipped features that have a setting of their own: how to draw it, by the setting's dotted key.
+# A feature of one's own is turned on under `features` with one of its declared `examples`.
+OWN_SETTINGS = {"device.speculative": speculative}
+
+
+@st.composite
+def features(draw, mode: str) -> dict[str, object]:
+    """Which serving features a scenario of batching ``mode`` turns on, each by its switch: dotted key
+    -> its setting (``device.speculative`` -> a mapping, ``features`` -> name -> options), every
+    registered feature drawn on or off. Under a request-level mode, none."""
+    on: dict[str, object] = {"device.speculative": None, "features": {}}
+    if not iteration_level(mode):
+        return on
+    for feature in FEATURES:
+        if not draw(st.booleans()):
+            continue
+        if feature.switch == "features":
+            on["features"][feature.name] = draw(st.sampled_from(feature.examples))
+        elif feature.switch in OWN_SETTINGS:
+            on[feature.switch] = draw(OWN_SETTINGS[feature.switch]())
+        else:
+            raise AssertionError(f"feature {feature.name} is turned on by {feature.switch}: tell "
+                                 "tests/registered.py how to draw it (OWN_SETTINGS)")
+    return on
+
+
+def client_safe(batching: dict) -> dict:
+    """``batching`` with a request-level batch timer set where it was off: a client capping the requests
+    in flight can deadlock a batcher that waits for a full batch (simbatch.config.scenario)."""
+    mode = MODES[batching["mode"]]
+    if mode.iteration_level or mode.batch_timer is None or batching.get(mode.batch_timer) is not None:
+        return batching
+    return {**batching, mode.batch_timer: 50.0}
