@@ -22,6 +22,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from registered import client_safe, features, iteration_level, modes, policies, routers
+from test_observers import EventLog, RunLog
 
 from simbatch.analysis.summary import iterations_frame, requests_frame, summarize
 from simbatch.config import Scenario
@@ -38,11 +39,18 @@ def examples(default: int) -> int:
 
 
 def assert_same_run(scenario: dict) -> None:
-    def run(fast_forward: bool):
+    """The same frames and summary on both engines, and the same events told to observers: every
+    admission, preemption and step (its membership, request by request, and its exact times) of each
+    replica, in order, whether the accelerated engine's runs of steps are expanded by the engine or
+    by an observer that takes them whole (tests/test_observers.py)."""
+    def run(fast_forward: bool, *observers):
         sim = {**scenario.get("sim", {}), "fast_forward": fast_forward}
-        return simulate(Scenario.model_validate({**scenario, "sim": sim}), check_invariants=True)
+        return simulate(Scenario.model_validate({**scenario, "sim": sim}), check_invariants=True, observers=observers)
 
-    reference, fast = run(False), run(True)
+    ref_log, log, runs = EventLog(), EventLog(), RunLog()
+    reference, fast = run(False, ref_log), run(True, log, runs)
+    assert dict(ref_log.events) == dict(log.events) == dict(runs.events)
+    assert sorted(ref_log.completions) == sorted(log.completions) == sorted(runs.completions)
     pd.testing.assert_frame_equal(reference.requests, fast.requests, check_exact=True)
     pd.testing.assert_frame_equal(reference.iterations, fast.iterations, check_exact=True)
     assert sorted(reference.stall_gaps_s) == sorted(fast.stall_gaps_s)  # a multiset: replicas interleave

@@ -6,13 +6,17 @@ import copy
 import itertools
 import json
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 from test_cli import invoke
 from trace_schema import check_trace, tracks
 
-from simbatch import simulate
+from simbatch import Observer, simulate
 from simbatch.config import Scenario
+from simbatch.model.clock import NS_PER_S
+from simbatch.model.cost import StepRun
+from simbatch.observe.observers import Run
 from simbatch.observe.perfetto import PHASES, TraceObserver, trace_events
 
 # Two replicas, a small cache (preemptions), a short queue and a cluster cap (rejections of both
@@ -56,6 +60,8 @@ CASES = {
     "swap": {"scheduler__preemption": "swap"},
     "static": {"batching__mode": "static", "batching__max_wait_ms": 50.0},
     "client": {"workload__max_concurrency": 12},  # sends at completions: the engines plan after them
+    # Admitted with part of the prompt cached: the prefill computes the rest.
+    "prefix": {"kv_cache__enable_prefix_caching": True, "workload__prefix": {"shared_tokens": 24}},
 }
 
 
@@ -170,22 +176,69 @@ def test_once_the_windows_requests_have_left_the_observer_does_nothing():
 
     class Untouchable:
         @property
-        def scheduled(self):
+        def slices(self):
             raise AssertionError("the observer read a step after its window")
 
-    observer.steps(0, 100.0, 0.01, 5, Untouchable(), True)
+        scheduled = slices
+
+    observer.step(0, 100.0, 0.01, Untouchable(), True)
+    observer.run(0, Run(100 * NS_PER_S, StepRun(10_000_000, 0, 0), 0, 5), Untouchable())
     assert sorted(observer.lives) == list(range(10))
 
 
 def test_a_prefill_finishing_inside_a_run_of_steps_turns_to_decode_at_its_steps_end():
-    from types import SimpleNamespace
-
     from simbatch.model.request import Request
 
     observer = TraceObserver(Scenario.model_validate(BUSY))
     req = Request(0, 0.0, prompt_tokens=4, output_tokens=10, replica=0)
     observer.arrival(0.0, req)
-    observer.steps(0, 1.0, 0.5, 3, SimpleNamespace(scheduled=[(req, 2)]), True)  # 2 + 2 tokens: done after step 2
+    observer.admission(1.0, 0, req)
+    plan = SimpleNamespace(slices=[(req, 2)])
+    observer.run(0, Run(NS_PER_S, StepRun(NS_PER_S // 2, 0, 0), 0, 3), plan)  # 2 + 2 tokens: done after step 2
     observer.completion(3.0, [req])
-    ns = 1_000_000_000
-    assert observer.lives[0] == (0, [("queued", 0, ns), ("prefill", ns, 2 * ns), ("decode", 2 * ns, 3 * ns)])
+    ns = NS_PER_S
+    assert [phase[:3] for phase in observer.lives[0][1]] == [("queued", 0, ns), ("prefill", ns, 2 * ns),
+                                                            ("decode", 2 * ns, 3 * ns)]
+
+
+class Moves(Observer):
+    """The admission and preemption events, as the engine tells them."""
+
+    def __init__(self):
+        self.admitted, self.preempted = [], []
+
+    def admission(self, t_s, replica, request):
+        self.admitted.append((replica, round(t_s * NS_PER_S), request.request_id))
+
+    def preemption(self, t_s, replica, request, swapped, kv_blocks, computed_tokens):
+        self.preempted.append((replica, round(t_s * NS_PER_S), request.request_id, swapped, kv_blocks, computed_tokens))
+
+
+@pytest.mark.parametrize("fast_forward", [False, True])
+@pytest.mark.parametrize("case", ["recompute", "swap"])
+def test_the_preempted_slices_and_ids_are_the_preemption_events(case, fast_forward):
+    # With swap, a host of 24 blocks fills: some victims are swapped out, others dropped.
+    changes = {} if case == "recompute" else {"scheduler__preemption": "swap", "kv_cache__swap_blocks": 24}
+    scenario = Scenario.model_validate(variant(fast_forward, **changes))
+    observer, moves = TraceObserver(scenario), Moves()
+    result = simulate(scenario, observers=[observer, moves])
+    doc = {"traceEvents": trace_events(result, observer)}
+    check_trace(json.loads(json.dumps(doc)))
+    assert {p[3] for p in moves.preempted} == ({False} if case == "recompute" else {True, False})
+    slices = sorted((e["args"]["request_id"], round(e["ts"] * 1000), e["args"]["swapped"], e["args"]["kv_blocks"],
+                     e["args"]["computed_tokens"]) for e in doc["traceEvents"]
+                    if e["ph"] == "X" and e["tid"] and e["name"] == "preempted")
+    assert slices == sorted((i, t, swapped, blocks, computed) for _, t, i, swapped, blocks, computed in moves.preempted)
+    # Each step slice lists who was preempted and admitted while its steps were planned, in the order told.
+    steps = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["tid"] == 0]
+    for key, told in (("preempted_ids", moves.preempted), ("admitted_ids", moves.admitted)):
+        listed = [(e["pid"] - 1, i) for e in sorted(steps, key=lambda e: e["pid"]) for i in e["args"][key]]
+        assert listed == [(r, i) for r, _, i, *_ in sorted(told, key=lambda m: m[0])]
+        for e in steps:
+            ids = e["args"][key]
+            start, end = round(e["ts"] * 1000), round((e["ts"] + e["dur"]) * 1000)
+            assert ids == [i for r, t, i, *_ in told if r == e["pid"] - 1 and start <= t < end]
+    # A request's prefill or decode begins at each of its admissions.
+    begun = {(e["args"]["request_id"], round(e["ts"] * 1000)) for e in doc["traceEvents"]
+             if e["ph"] == "X" and e["tid"] and e["name"] in ("prefill", "decode")}
+    assert {(i, t) for _, t, i in moves.admitted} <= begun

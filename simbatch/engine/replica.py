@@ -38,7 +38,7 @@ from simbatch.features import hooks
 from simbatch.model.clock import NS_PER_S, Late, ceil_ns
 from simbatch.model.cost import LinearCost, StepRun
 from simbatch.model.request import Request
-from simbatch.observe.observers import Observer
+from simbatch.observe.observers import Observer, Run
 from simbatch.observe.recorder import Recorder, StepShape, replaced
 from simbatch.schedulers import IDLE, BaseScheduler, Idle, SleepUntil, StepPlan
 
@@ -63,8 +63,13 @@ class Replica:
         self._feature_ms = hooks(self.scheduler.features, "step_ms")
         self.recorder = recorder
         self.observers = tuple(observers)
-        # Told of every step: only those that listen (the recorder keeps rows, not memberships).
-        self.step_observers = tuple(o for o in observers if type(o).steps is not Observer.steps)
+        # Told of every step, and of who moved between the pools: only those that listen (the recorder
+        # keeps rows and counts, not memberships or events). Runs of steps go whole to those that take
+        # them, and one step at a time to the others (simbatch.observe.observers).
+        self.step_observers = tuple(o for o in observers if _overrides(o, "step") or _overrides(o, "run"))
+        self.run_observers = tuple(o for o in self.step_observers if o.takes_runs)
+        self.single_step_observers = tuple(o for o in self.step_observers if not o.takes_runs)
+        self.move_observers = tuple(o for o in observers if _overrides(o, "admission") or _overrides(o, "preemption"))
         self.check = check_invariants
         self.step = 0
         self._wake: simpy.Event | None = None  # set while sleeping, or holding the GPU for a run of steps
@@ -161,17 +166,50 @@ class Replica:
         sched = self.scheduler
         if self.check:
             sched.check_invariants()
-        if plan.num_preempted or plan.num_admitted:
-            self.recorder.waiting_change(now_s, plan.num_preempted - plan.num_admitted)
+        preempted, admitted = plan.preempted, plan.admitted
+        if preempted or admitted:
+            self.recorder.waiting_change(now_s, len(preempted) - len(admitted))
+            if self.move_observers:
+                self._moved(plan, now_s)
         # itl_tokens: every decode is one step after its previous token, until finish_step says otherwise.
         # Built as the tuple it is: StepShape's generated __new__ is a Python call, and this runs per plan.
         return tuple.__new__(StepShape, (len(sched.running), len(sched.waiting), plan.batch_size,
                                          plan.decode_seqs + plan.draft_tokens, plan.prefill_tokens,
-                                         plan.padded_tokens, plan.decode_seqs, plan.num_preempted, plan.swap_blocks))
+                                         plan.padded_tokens, plan.decode_seqs, len(preempted), plan.swap_blocks))
 
-    def _observed(self, start_s: float, step_s: float, count: int, plan: StepPlan, done: bool = True) -> None:
+    def _moved(self, plan: StepPlan, now_s: float) -> None:
+        """Tell the observers who left and joined WAITING while ``plan`` was made, in the scheduler's order."""
+        index, observers, admitted, told = self.index, self.move_observers, plan.admitted, 0
+        for p in plan.preempted:
+            for req in admitted[told:p.admitted_before]:
+                for o in observers:
+                    o.admission(now_s, index, req)
+            told = p.admitted_before
+            for o in observers:
+                o.preemption(now_s, index, p.request, p.swapped, p.kv_blocks, p.computed_tokens)
+        for req in admitted[told:]:
+            for o in observers:
+                o.admission(now_s, index, req)
+
+    def _stepped(self, start_ns: int, duration_ns: int, plan: StepPlan, done: bool = True) -> None:
+        """Tell the step observers of one step."""
+        start_s, duration_s = start_ns / NS_PER_S, duration_ns / NS_PER_S
         for o in self.step_observers:
-            o.steps(self.index, start_s, step_s, count, plan, done)
+            o.step(self.index, start_s, duration_s, plan, done)
+
+    def _ran(self, start_ns: int, durations: StepRun, first: int, count: int, plan: StepPlan) -> None:
+        """Tell the step observers of ``count`` done repeats of ``plan`` from ``start_ns``, repeats ``first ..``
+        of ``durations``: whole to those that take runs, a step at a time to the others."""
+        if count == 1:
+            self._stepped(start_ns, durations.ns(first, 1), plan)
+            return
+        index, run = self.index, Run(start_ns, durations, first, count)
+        for o in self.run_observers:
+            o.run(index, run, plan)
+        if self.single_step_observers:
+            for start_s, duration_s in run:
+                for o in self.single_step_observers:
+                    o.step(index, start_s, duration_s, plan, True)
 
     def _finished(self, outcome, end_s: float) -> None:
         if outcome.stall_gaps_s:
@@ -216,7 +254,7 @@ class Replica:
                     shape = replaced(shape, "itl_tokens", outcome.itl_tokens)
                 record(index, now_s, 1, shape, kv_sum, contiguous, duration)
                 if observed:
-                    self._observed(now_s, duration / NS_PER_S, 1, plan)
+                    self._stepped(now, duration, plan)
                 n = 1
             else:
                 run = cost_run(plan, duration)
@@ -236,7 +274,7 @@ class Replica:
                     kv_sum = accel.kv_blocks_sum(n + m) - accel.kv_blocks_sum(n) if n else accel.kv_blocks_sum(m)
                     record(index, start / NS_PER_S, m, shape, kv_sum, contiguous, end - start)
                     if observed:
-                        self._observed(start / NS_PER_S, (end - start) / m / NS_PER_S, m, plan)
+                        self._ran(start, run, n, m, plan)
                     n, start, contiguous = n + m, end, True
                     if n == k:
                         break  # the run is over: nothing cut it, or an arrival in its last step
@@ -302,12 +340,12 @@ class Replica:
             if m > 0:
                 rec.record_steps(self.index, start / NS_PER_S, m, shape,
                                  accel.kv_blocks_sum(done + m) - accel.kv_blocks_sum(done), contiguous, busy)
-                self._observed(start / NS_PER_S, busy / m / NS_PER_S, m, plan)
+                self._ran(start, run, done, m, plan)
             last_start_s, last_ns = (start + busy) / NS_PER_S, run.ns(done + m, 1)
             rec.record_steps(self.index, last_start_s, 1, replaced(shape, "itl_tokens", 0),
                              accel.kv_blocks_sum(done + m + 1) - accel.kv_blocks_sum(done + m), m > 0 or contiguous,
                              last_ns)
-            self._observed(last_start_s, last_ns / NS_PER_S, 1, plan, done=False)
+            self._stepped(start + busy, last_ns, plan, done=False)
             if done + m > 0:
                 accel.finish_steps(plan, done + m, last_start_s, self.step)
                 self.step += done + m
@@ -316,5 +354,10 @@ class Replica:
             start, duration, shape, kv_blocks, contiguous, plan = self._step_ctx
             rec.record_steps(self.index, start / NS_PER_S, 1, replaced(shape, "itl_tokens", 0), kv_blocks,
                              contiguous, duration)
-            self._observed(start / NS_PER_S, duration / NS_PER_S, 1, plan, done=False)
+            self._stepped(start, duration, plan, done=False)
             self._step_ctx = None
+
+
+def _overrides(observer: Observer, method: str) -> bool:
+    """Whether ``observer``'s class defines its own ``method`` (the engine tells only those)."""
+    return getattr(type(observer), method) is not getattr(Observer, method)

@@ -6,21 +6,26 @@ replica (``pid`` = replica + 1; one more, ``pid`` = replicas + 1, holds the requ
 away before routing them):
 
 - thread 0, ``steps``: one complete slice (``ph: "X"``) per row of the iterations frame, that is per
-  run of identical consecutive steps (with ``sim.fast_forward``, the default, the engine reports such
-  a run as one event, and the trace keeps it whole): ``args.count`` says how many steps it holds,
-  ``args.step_ms`` how long each one took. The other args are per step: ``batch_size``,
-  ``prefill_tokens``, ``decode_seqs``, ``num_preempted``, and ``kv_blocks_used`` (the mean over the
-  run's steps: exact for a single step; a run of decodes grows its blocks as it goes);
-  ``preempted_ids`` lists every request preempted while the run's steps were planned; ``done`` is
-  false for a step the clock stop cut short.
+  run of identical consecutive steps (the frame's runs, whichever engine made them): ``args.count``
+  says how many steps it holds, ``args.step_ms`` how long each one took (their mean, when the step
+  time grows with the context read). The other args are per step: ``batch_size``, ``prefill_tokens``,
+  ``decode_seqs``, ``num_preempted``, and ``kv_blocks_used`` (the mean over the run's steps: exact for
+  a single step; a run of decodes grows its blocks as it goes); ``admitted_ids`` and
+  ``preempted_ids`` list the requests admitted and preempted while the slice's steps were planned, in
+  the scheduler's order (the engine's admission and preemption events); ``done`` is false for a step
+  the clock stop cut short.
 - counters (``ph: "C"``): ``requests`` (``running``, ``waiting``, after planning each run) and
   ``kv_blocks_used``, set at each run's start and back to 0 when the replica falls idle.
 - threads 1, 2, ...: ``requests k``, lanes of requests. Each request's life is a row of slices named by
-  its phase, ``queued`` (arrival to first admission), ``prefill`` (computing its prompt, or recomputing
-  prompt and output after a preemption, until a token is sampled), ``decode`` (first token to the
-  last) and ``preempted`` (back in WAITING after a preemption), with ``args.request_id``. A request
-  takes the first lane free at its arrival, so lanes never overlap and there are as many as the
-  replica ever held requests at once.
+  its phase, with ``args.request_id``: ``queued`` (arrival to first admission), ``prefill`` (from an
+  admission: computing its prompt, or recomputing prompt and output after a preemption dropped its
+  KV, until it samples a token), ``decode`` (from that token, or from an admission that swapped its
+  KV back in whole, to the last token) and ``preempted`` (from a preemption, back in WAITING, to its
+  next admission; ``args.swapped`` whether its KV went to the host, ``args.kv_blocks`` and
+  ``args.computed_tokens`` what it held). Every change of phase but a prefill's first token is one of
+  the engine's events (:mod:`simbatch.observe.observers`), at its time. A request takes the first
+  lane free at its arrival, so lanes never overlap and there are as many as the replica ever held
+  requests at once.
 - ``rejections``: an instant event (``ph: "i"``) per request turned away, with its reason.
 
 Times are microseconds (``ts``, ``dur``), taken from the simulator's nanosecond clock, so slices
@@ -43,7 +48,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from simbatch.observe.observers import Observer
+from simbatch.observe.observers import Observer, Run
 
 if TYPE_CHECKING:
     from simbatch.config import Scenario
@@ -68,52 +73,56 @@ def us(ns: int) -> float:
 
 
 class _Life:
-    """What the observer knows of one request in the system: its tokens and its current phase.
+    """What the observer knows of one request in the system: its phase, since when, and the phases it has
+    been through; while it prefills, the tokens it has computed and must compute before it samples."""
 
-    The observer keeps its own count of computed and generated tokens (``computed``, ``generated``)
-    from the steps the request rode in, because the request's counters, read during an event, may or
-    may not include the step being reported (the engines apply a run of steps after reporting it).
-    A request is *decoding* when every known token but the last sampled one is computed.
-    """
-
-    __slots__ = ("prompt", "computed", "generated", "preemptions", "phase", "since_ns", "phases")
+    __slots__ = ("prompt", "computed", "generated", "phase", "since_ns", "args", "phases")
 
     def __init__(self, prompt: int, t_ns: int):
         self.prompt = prompt
-        self.computed = self.generated = self.preemptions = 0
-        self.phase, self.since_ns = QUEUED, t_ns
-        self.phases: list[tuple[str, int, int]] = []
+        self.computed = self.generated = 0
+        self.phase, self.since_ns, self.args = QUEUED, t_ns, None
+        self.phases: list[tuple[str, int, int, dict | None]] = []  # (phase, start ns, end ns, its args)
 
-    def decoding(self) -> bool:
-        return self.generated >= 1 and self.computed == self.prompt + self.generated - 1
-
-    def enter(self, phase: str, t_ns: int) -> None:
+    def enter(self, phase: str, t_ns: int, args: dict | None = None) -> None:
         if phase != self.phase:
             self.close(t_ns)
-            self.phase, self.since_ns = phase, t_ns
+            self.phase, self.since_ns, self.args = phase, t_ns, args
 
     def close(self, t_ns: int) -> None:
-        self.phases.append((self.phase, self.since_ns, t_ns))
+        self.phases.append((self.phase, self.since_ns, t_ns, self.args))
 
 
 class TraceObserver(Observer):
-    """Collect, as the run goes, what the frames do not keep: each request's phases, and who was preempted when.
+    """Collect, as the run goes, what the frames do not keep: each request's phases, and who was admitted and
+    preempted when.
+
+    The phases follow the engine's events (:mod:`simbatch.observe.observers`): an arrival queues a
+    request, an admission starts its prefill (or its decode, when a swap kept everything but its last
+    token), a preemption sends it to ``preempted`` until it is admitted again, a completion ends it. A
+    prefill turns to decode at the end of the step in which it computed its last known token, which the
+    observer counts from the steps' prefill chunks alone, starting from the request's counters at its
+    admission: decodes change no phase, so a run of steps (decodes only) is taken whole, and a step with
+    nobody prefilling costs nothing.
 
     Pass it to ``simulate(scenario, observers=[...])``, then :func:`trace_events` (or
     :func:`write_trace`) with the result builds the trace from it and the frames.
     """
 
+    takes_runs = True
+
     def __init__(self, scenario: Scenario, max_requests: int = DEFAULT_MAX_REQUESTS):
         if max_requests < 1:
             raise ValueError(f"max_requests {max_requests}: must be at least 1")
         self.max_requests = max_requests
-        self.swap = scenario.scheduler.preemption == "swap"
         self.window_end_ns: int | None = None  # the arrival of request number max_requests, if any
         self.num_requests = 0  # requests that arrived (or were turned away)
         self._live: dict[int, _Life] = {}  # request id -> life, for requests in the system
-        self._running: dict[int, dict[Request, _Life]] = {}  # replica -> requests it has run, not done
-        self.lives: dict[int, tuple[int, list[tuple[str, int, int]]]] = {}  # id -> (replica, phases)
-        self.preempted: list[tuple[int, int, list[int]]] = []  # (replica, step start ns, ids)
+        self._prefilling: dict[int, _Life] = {}  # those of them computing known tokens before their next sample
+        self.lives: dict[int, tuple[int, list[tuple[str, int, int, dict | None]]]] = {}  # id -> (replica, phases)
+        # (replica, ns, request id) of every admission and preemption in the window, in the order told.
+        self.admitted: list[tuple[int, int, int]] = []
+        self.preempted: list[tuple[int, int, int]] = []
 
     # ---------------------------------------------------------------- the observer's events
     def _seen(self, request_id: int, t_s: float) -> bool:
@@ -125,6 +134,9 @@ class TraceObserver(Observer):
             self.window_end_ns = to_ns(t_s)
         return False
 
+    def _in_window(self, t_ns: int) -> bool:
+        return self.window_end_ns is None or t_ns < self.window_end_ns
+
     def arrival(self, t_s: float, request: Request) -> None:
         # Requests arrive in id order, so once the window has closed no later arrival is in it, and
         # the observer stops following requests (its cost ends with the window's last request).
@@ -134,62 +146,65 @@ class TraceObserver(Observer):
     def rejection(self, t_s: float, request_id: int, reason: str) -> None:
         self._seen(request_id, t_s)
 
-    def steps(self, replica: int, start_s: float, step_s: float, count: int, plan: StepPlan, done: bool) -> None:
-        if not self._live:
-            return  # nobody to follow: the window has closed and its requests have left
-        start_ns, step_ns = to_ns(start_s), to_ns(step_s)
-        running = self._running.setdefault(replica, {})
-        members = plan.scheduled
-        present = {req for req, _ in members}
-        # Preemptions happen while a step is planned: a request that ran before, is not in this step,
-        # and has been preempted once more, was sent back to WAITING at this step's start. Being in
-        # WAITING, its counters are not moving: read them (a recompute dropped its computed tokens).
-        ids = []
-        for req, life in list(running.items()):
-            if req not in present and req.num_preemptions > life.preemptions:
-                life.preemptions = req.num_preemptions
-                life.computed, life.generated = req.num_computed_tokens, req.num_generated
-                life.enter(PREEMPTED, start_ns)
-                del running[req]
-                ids.append(req.request_id)
-        for req, tokens in members:
-            life = running.get(req)
+    def admission(self, t_s: float, replica: int, request: Request) -> None:
+        i = request.request_id
+        life = self._live.get(i)
+        if life is None:
+            return  # arrived after the window closed
+        t_ns = to_ns(t_s)
+        # Counters as its step starts: a prefix-cache hit's tokens computed, a swap's kept, a drop's gone.
+        life.computed, life.generated = request.num_computed_tokens, request.num_generated
+        if life.generated and life.computed == life.prompt + life.generated - 1:
+            life.enter(DECODE, t_ns)  # back from a swap with all but its last token: it decodes at once
+        else:
+            life.enter(PREFILL, t_ns)
+            self._prefilling[i] = life
+        if self._in_window(t_ns):
+            self.admitted.append((replica, t_ns, i))
+
+    def preemption(self, t_s: float, replica: int, request: Request, swapped: bool, kv_blocks: int,
+                   computed_tokens: int) -> None:
+        i = request.request_id
+        life = self._live.get(i)
+        if life is None:
+            return
+        t_ns = to_ns(t_s)
+        self._prefilling.pop(i, None)
+        life.enter(PREEMPTED, t_ns, {"swapped": swapped, "kv_blocks": kv_blocks, "computed_tokens": computed_tokens})
+        if self._in_window(t_ns):
+            self.preempted.append((replica, t_ns, i))
+
+    def step(self, replica: int, start_s: float, duration_s: float, plan: StepPlan, done: bool) -> None:
+        if done and self._prefilling:  # an interrupted step's tokens never came
+            self._compute(plan, ((start_s, duration_s),))
+
+    def run(self, replica: int, run: Run, plan: StepPlan) -> None:
+        if self._prefilling:
+            self._compute(plan, run)
+
+    def _compute(self, plan: StepPlan, steps) -> None:
+        """The prefilling requests among ``plan``'s slices compute their chunks in each of ``steps``
+        ((start_s, duration_s) pairs); one that has computed every known token samples one at the end of
+        that step, and decodes from then on."""
+        prefilling = self._prefilling
+        for req, tokens in plan.slices:
+            life = prefilling.get(req.request_id)
             if life is None:
-                life = self._live.get(req.request_id)
-                if life is None:
-                    continue  # arrived after the window closed
-                running[req] = life
-            if req.num_preemptions > life.preemptions:
-                # Preempted and admitted again while this very step was planned (the preemptions left
-                # nothing running): a preempted phase of no length. Its tokens: kept by a swap, else
-                # dropped for recompute (the request's own counters may already include this step).
-                life.preemptions = req.num_preemptions
-                life.enter(PREEMPTED, start_ns)
-                if not self.swap:
-                    life.computed = 0
-                ids.append(req.request_id)
-            decoding = life.decoding()
-            life.enter(DECODE if decoding else PREFILL, start_ns)
-            if not done:
-                continue  # the clock stopped during this step: its tokens never came
-            if decoding:
-                life.computed += count
-                life.generated += count
-                continue
-            for i in range(1, count + 1):
+                continue  # a decode's token and its drafts, a batch's decode row, or out of the window
+            for start_s, duration_s in steps:
                 life.computed += tokens
-                if life.computed >= life.prompt + life.generated:  # caught up: a token is sampled
+                if life.computed >= life.prompt + life.generated:
                     life.generated += 1
-                    life.enter(DECODE, start_ns + i * step_ns)  # at the end of that step
-        if ids and (self.window_end_ns is None or start_ns < self.window_end_ns):
-            self.preempted.append((replica, start_ns, ids))
+                    life.enter(DECODE, to_ns(start_s) + to_ns(duration_s))
+                    del prefilling[req.request_id]
+                    break
 
     def completion(self, t_s: float, requests: list[Request]) -> None:
         t_ns = to_ns(t_s)
         for req in requests:
             life = self._live.pop(req.request_id, None)
             if life is not None:
-                self._running[req.replica].pop(req, None)
+                self._prefilling.pop(req.request_id, None)
                 self._retire(req.request_id, req.replica, life, t_ns)
 
     def _retire(self, request_id: int, replica: int, life: _Life, t_ns: int) -> None:
@@ -199,13 +214,13 @@ class TraceObserver(Observer):
     def end(self, end_s: float, replicas: dict[int, int]) -> None:
         """The run is over at ``end_s``: close the phases of requests still in the system.
 
-        ``replicas``: request id -> replica, for those never run (the observer learns a request's
-        replica from its steps).
+        ``replicas``: request id -> replica (the requests frame's).
         """
         t_ns = to_ns(end_s)
         for request_id, life in self._live.items():
             self._retire(request_id, replicas[request_id], life, t_ns)
         self._live.clear()
+        self._prefilling.clear()
 
     @property
     def notice(self) -> str | None:
@@ -250,12 +265,7 @@ def _step_events(result: Result, observer: TraceObserver) -> Iterator[dict]:
     end_ns = start_ns + it["num_steps"].to_numpy() * np.rint(it["duration_s"].to_numpy() * NS_PER_S).astype(np.int64)
     keep = start_ns < observer.window_end_ns if observer.window_end_ns is not None else np.ones(len(it), bool)
     replica = it["replica"].to_numpy()
-    # The preempted ids of each observed step go to the row holding that step's start.
-    ids_of: dict[int, list[int]] = {}
-    for r, t_ns, ids in observer.preempted:
-        rows = np.flatnonzero(replica == r)
-        row = rows[np.searchsorted(start_ns[rows], t_ns, side="right") - 1]
-        ids_of.setdefault(int(row), []).extend(ids)
+    admitted_ids, preempted_ids = _by_row(observer.admitted, replica, start_ns), _by_row(observer.preempted, replica, start_ns)
     duration = result.summary["duration"]
     columns = ("num_steps", "duration_s", "batch_size", "prefill_tokens", "decode_tokens", "num_preempted",
                "kv_blocks_used", "num_running", "num_waiting", "itl_tokens", "end_s")
@@ -275,12 +285,27 @@ def _step_events(result: Result, observer: TraceObserver) -> Iterator[dict]:
                "ts": us(t0), "dur": us(t1 - t0),
                "args": {"count": n, "step_ms": step_s * 1e3, "batch_size": batch, "prefill_tokens": prefill,
                         "decode_seqs": decode, "kv_blocks_used": kv, "num_preempted": preempted,
-                        "preempted_ids": ids_of.get(i, []), "done": not stopped}}
+                        "admitted_ids": admitted_ids.get(i, []), "preempted_ids": preempted_ids.get(i, []),
+                        "done": not stopped}}
         yield {"ph": "C", "pid": pid, "name": "requests", "ts": us(t0), "args": {"running": running, "waiting": waiting}}
         yield {"ph": "C", "pid": pid, "name": "kv_blocks_used", "ts": us(t0), "args": {"blocks": kv}}
     for pid, last in previous_end.items():
         yield {"ph": "C", "pid": pid, "name": "requests", "ts": us(last), "args": {"running": 0, "waiting": 0}}
         yield {"ph": "C", "pid": pid, "name": "kv_blocks_used", "ts": us(last), "args": {"blocks": 0}}
+
+
+def _by_row(moves: list[tuple[int, int, int]], replica: np.ndarray, start_ns: np.ndarray) -> dict[int, list[int]]:
+    """The request ids of ``moves`` ((replica, ns, id), told at a plan's time: its step's start), by the
+    row of the iterations frame that holds that step, in the order told."""
+    rows_of: dict[int, np.ndarray] = {}
+    out: dict[int, list[int]] = {}
+    for r, t_ns, request_id in moves:
+        rows = rows_of.get(r)
+        if rows is None:
+            rows = rows_of[r] = np.flatnonzero(replica == r)
+        row = int(rows[np.searchsorted(start_ns[rows], t_ns, side="right") - 1])
+        out.setdefault(row, []).append(request_id)
+    return out
 
 
 def _step_name(prefill_tokens: int, decode_seqs: int) -> str:
@@ -307,7 +332,7 @@ def trace_events(result: Result, observer: TraceObserver) -> list[dict]:
             named.add((pid, tid))
             meta += _meta(pid, tid, f"requests {tid}")
         events += [{"ph": "X", "pid": pid, "tid": tid, "name": phase, "ts": us(t0), "dur": us(t1 - t0),
-                    "args": {"request_id": request_id}} for phase, t0, t1 in phases]
+                    "args": {"request_id": request_id, **(args or {})}} for phase, t0, t1, args in phases]
     rejected = rq[rq["status"] == "rejected"]
     if observer.window_end_ns is not None:
         rejected = rejected[rejected["request_id"] < observer.max_requests]

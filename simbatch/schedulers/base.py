@@ -18,11 +18,22 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
+from typing import NamedTuple
 
 from simbatch.config import Scenario
 from simbatch.memory.kv import KVCacheManager
 from simbatch.model.request import FINISHED, RUNNING, WAITING, Request
 from simbatch.schedulers.policies import WaitingQueue
+
+
+class Preemption(NamedTuple):
+    """A request sent back to WAITING while a step was planned, and what it held until then."""
+
+    request: Request
+    swapped: bool  # its KV moved to the host (scheduler.preemption: swap, with room there); else dropped
+    kv_blocks: int  # device KV blocks it held: moved to the host, or freed
+    computed_tokens: int  # tokens its KV held: kept by a swap, to be computed again after a drop
+    admitted_before: int  # admissions of the same plan made before it (StepPlan.admitted[:admitted_before])
 
 
 @dataclass(slots=True)
@@ -32,6 +43,11 @@ class StepPlan:
     ``decodes`` are the requests that compute one decode token each; ``slices`` the others, as
     (request, tokens): prefill chunks, a speculative decode's token and its drafts, a request-level
     batch's rows.
+
+    ``admitted`` and ``preempted`` are who moved between the pools while the step was planned, each
+    in the order the scheduler moved them, and, through ``Preemption.admitted_before``, in one order
+    together (the observers' events, :mod:`simbatch.observe.observers`). Empty tuples until a request
+    moves: most plans move nobody, and a plan is made per step.
     """
 
     slices: list[tuple[Request, int]] | tuple = ()
@@ -47,9 +63,33 @@ class StepPlan:
     attention_pairs_x2: int = 0
     # Tokens a step verifies beyond each decode's own (speculative decoding's drafts: costed at gamma).
     draft_tokens: int = 0
-    num_admitted: int = 0  # requests that left WAITING for this step
-    num_preempted: int = 0  # requests sent back to WAITING while planning this step
+    admitted: list[Request] | tuple = ()  # requests that left WAITING for RUNNING for this step
+    preempted: list[Preemption] | tuple = ()  # requests sent back to WAITING while planning this step
     swap_blocks: int = 0  # blocks moved between device and host while planning this step
+
+    def admit(self, req: Request) -> None:
+        """Note that ``req`` left WAITING for this step."""
+        if self.admitted:
+            self.admitted.append(req)
+        else:
+            self.admitted = [req]
+
+    def preempt(self, req: Request, swapped: bool, kv_blocks: int, computed_tokens: int) -> None:
+        """Note that ``req`` was sent back to WAITING, holding ``kv_blocks`` and ``computed_tokens`` until then."""
+        # (int(): counts derived from the free blocks can be NumPy integers when the prefix cache keeps them.)
+        record = Preemption(req, swapped, int(kv_blocks), int(computed_tokens), len(self.admitted))
+        if self.preempted:
+            self.preempted.append(record)
+        else:
+            self.preempted = [record]
+
+    @property
+    def num_admitted(self) -> int:
+        return len(self.admitted)
+
+    @property
+    def num_preempted(self) -> int:
+        return len(self.preempted)
 
     @property
     def scheduled(self) -> list[tuple[Request, int]]:

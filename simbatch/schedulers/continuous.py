@@ -185,7 +185,7 @@ class ContinuousScheduler(BaseScheduler):
                     n = self._chunk(req)
                     if n and self._reserve(req, n, now, plan):
                         self._take(req, n)
-        if admit and not plan.num_preempted:
+        if admit and not plan.preempted:
             self._admit_waiting(now, plan)
 
         if not self._assemble(plan):
@@ -249,7 +249,8 @@ class ContinuousScheduler(BaseScheduler):
         work waiting must not idle."""
         plan = self._plan(now, admit=not self.running)
         if plan is not IDLE:
-            plan.num_preempted += carried.num_preempted
+            # Its preemptions came first; it admitted nobody (it scheduled nothing), so the order holds.
+            plan.preempted = [*carried.preempted, *plan.preempted]
             plan.swap_blocks += carried.swap_blocks
         return plan
 
@@ -300,14 +301,16 @@ class ContinuousScheduler(BaseScheduler):
         if victim in self._sched:
             self._budget += self._sched.pop(victim)
         self.waiting.on_release(victim)
-        if self.swap and self.kv.swap_out(victim):
+        held, computed = victim.blocks, victim.num_computed_tokens
+        swapped = self.swap and self.kv.swap_out(victim)
+        if swapped:
             plan.swap_blocks += victim.swapped_blocks
         else:
             self.kv.recompute(victim)
             victim.prefill_pending = True
         victim.num_preemptions += 1
         self.num_preemptions += 1
-        plan.num_preempted += 1
+        plan.preempt(victim, swapped, held, computed)
         victim.status = WAITING
         victim.waiting_since_s = now
         self.waiting.push(victim)
@@ -362,7 +365,7 @@ class ContinuousScheduler(BaseScheduler):
             self._admit(req, now)
             if req.prefill_pending:
                 self._prefilling[req] = None
-            plan.num_admitted += 1
+            plan.admit(req)
             self._take(req, n)
         if passed_over:
             for req in passed_over:  # back in their places: their keys are unchanged

@@ -49,7 +49,6 @@ class RequestLevelScheduler(BaseScheduler):
         self.max_wait_s: float | None = MODES[b.mode].timer_s(b)
         self.batch: list[Request] = []  # every slot of the current batch, done or not
         self._prefilled = False
-        self._admitted_now = 0
         self._rows_tokens = 0  # the batch's (padded) prompt tokens, summed over its rows
         # Arrival order of waiting requests, for the "oldest has waited" timer whatever the policy.
         self._arrivals: deque[Request] = deque()
@@ -116,7 +115,6 @@ class RequestLevelScheduler(BaseScheduler):
         reserved = self.kv.reserve_batch(self.batch, blocks)
         assert reserved, "a batch was formed beyond the free blocks"
         self._prefilled = False
-        self._admitted_now = len(self.batch)
 
     def joins(self, req: Request) -> bool:
         """Whether ``req``, next in policy order, may join the batch being formed (``self.batch``, its
@@ -147,7 +145,7 @@ class RequestLevelScheduler(BaseScheduler):
                 row = p_max if self.pad else req.prompt_tokens
                 plan.attention_pairs_x2 += row * row  # c (2k + c), nothing cached yet
                 self._rows_tokens += row
-            plan.num_admitted = self._admitted_now
+            plan.admitted = batch.copy()  # the batch was formed for this step: every member admitted now
             return plan
         for req in batch:
             if req.status is Status.RUNNING:

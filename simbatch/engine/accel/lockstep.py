@@ -326,7 +326,7 @@ class LockstepScheduler(ContinuousScheduler):
         engine cuts the run when one comes.
         """
         if not self._members_planned or len(plan.decodes) > self._members_planned or plan.slices or \
-                plan.num_admitted or plan.num_preempted or plan.swap_blocks:
+                plan.admitted or plan.preempted or plan.swap_blocks:
             return 1
         if self._unseen or self._done_held:
             return 1  # async scheduling: the next plan sees these arrivals, or has these requests' room
