@@ -29,7 +29,7 @@ FLEET_PLOTS = """
 from pathlib import Path
 import sys
 from simbatch.app import plots
-from simbatch.config.loading import scenario_from_dict
+from simbatch.inputs.loading import scenario_from_dict
 from simbatch.simulation import simulate
 result = simulate(scenario_from_dict({
     "workload": {"num_requests": 1000, "arrival": {"rate": 300},

@@ -62,7 +62,7 @@ try:
     except ImportError:
         from simbatch.metrics.summary import iterations_frame, requests_frame, summarize
     try:  # where validation and resolution (presets, num_blocks: auto) are two steps
-        from simbatch.config.resolve import resolve
+        from simbatch.inputs.resolve import resolve
     except ImportError:
         def resolve(scenario):
             return scenario

@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from benchmarks.cases import CASES
-from simbatch.config.loading import load_scenario
+from simbatch.inputs.loading import load_scenario
 from simbatch.simulation import simulate
 
 HASHES = Path(__file__).with_name("frame_hashes.json")

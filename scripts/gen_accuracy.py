@@ -1,6 +1,6 @@
 """Write ``docs/accuracy.json`` and ``docs/accuracy.md``: every real vLLM run the project holds, simulated.
 
-Simulates each case of :mod:`simbatch.hardware.accuracy` from its preset and from costs calibrated on
+Simulates each case of :mod:`simbatch.app.accuracy` from its preset and from costs calibrated on
 the server's other runs (a minute or so), stores the record and renders the page from it.
 ``tests/test_accuracy.py`` fails when the page no longer says what the code computes; rerun
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from simbatch.hardware import accuracy
+from simbatch.app import accuracy
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = ROOT / "docs" / "accuracy.json"

@@ -26,7 +26,8 @@ from typer.testing import CliRunner
 
 from simbatch.app import compare
 from simbatch.app.sweep import grid
-from simbatch.config import base, cluster, device, guard, kv_cache, loading
+from simbatch.config import base, cluster, device, kv_cache
+from simbatch.inputs import guard, loading
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "errors.md"
@@ -329,7 +330,7 @@ The other ways a command ends early:
 ## Size limits
 
 Before anything is drawn, the command estimates what the run will hold in memory, from measured
-costs (`simbatch/config/guard.py`, checked by `tests/test_guard.py`): about {per_request:,} bytes per request
+costs (`simbatch/inputs/guard.py`, checked by `tests/test_guard.py`): about {per_request:,} bytes per request
 and {per_replica:,} per replica. A run estimated above **{max_gb:g} GB** (about {max_requests:,}
 requests), or a sweep of more than **{max_runs:,} runs** (grid points x replications), is refused with
 the estimate; pass `--force` to run it anyway, or lower the setting. One range in `--param` may

@@ -10,9 +10,9 @@ import importlib
 
 __version__ = "0.1.0"
 
-_HOME = {"Scenario": "simbatch.config", "ScenarioError": "simbatch.config.loading", "load_scenario": "simbatch.config.loading",
+_HOME = {"Scenario": "simbatch.config", "ScenarioError": "simbatch.config.problems", "load_scenario": "simbatch.inputs.loading",
          "Result": "simbatch.simulation", "simulate": "simbatch.simulation", "Observer": "simbatch.observe.observers",
-         "resolve": "simbatch.config.resolve"}
+         "resolve": "simbatch.inputs.resolve"}
 
 __all__ = ["Observer", "Result", "Scenario", "ScenarioError", "load_scenario", "resolve", "simulate", "__version__"]
 

@@ -10,8 +10,8 @@ import pandas as pd
 from simbatch.analysis.capacity import Stability, expected_stability
 from simbatch.analysis.summary import iterations_frame, requests_frame, summarize
 from simbatch.config import Scenario
-from simbatch.config.resolve import resolve
 from simbatch.engine import Engine
+from simbatch.inputs.resolve import resolve
 from simbatch.observe.observers import Observer
 from simbatch.workload import WorkloadArrays, generate
 
@@ -37,7 +37,7 @@ def simulate(scenario: Scenario, *, check_invariants: bool = False,
              workload: WorkloadArrays | None = None, observers: Sequence[Observer] = ()) -> Result:
     """Run ``scenario`` to the end and collect its frames and summary.
 
-    The scenario is resolved first (:func:`~simbatch.config.resolve.resolve`: presets, ``num_blocks: auto``;
+    The scenario is resolved first (:func:`~simbatch.inputs.resolve.resolve`: presets, ``num_blocks: auto``;
     a loaded scenario is already, and resolving it again changes nothing); ``Result.scenario`` is the
     resolved one, the scenario the engine ran.
 

@@ -7,16 +7,18 @@ block invariants checked after every call so that each hand-computed case also c
 
 from __future__ import annotations
 
+import copy
 import math
 import signal
 from typing import Any
 
 from simbatch.config import Scenario
-from simbatch.config.loading import apply_overrides, scenario_from_dict
 from simbatch.engine.accel.lockstep import LockstepRequest
 from simbatch.engine.replica import scheduler_for
+from simbatch.inputs.loading import apply_overrides, scenario_from_dict
 from simbatch.model.request import Request
-from simbatch.schedulers import BaseScheduler, StepOutcome, StepPlan
+from simbatch.model.step import StepOutcome, StepPlan
+from simbatch.schedulers import BaseScheduler
 
 # Small numbers that are easy to compute by hand: 4-token blocks, a 16-token budget, 4 slots,
 # and a step cost of 10 ms + 1 ms per decoding sequence + 0.1 ms per prefill token.
@@ -37,6 +39,19 @@ def make_scenario(base: dict | None = None, **overrides: Any) -> Scenario:
     data = apply_overrides(BASE if base is None else base,
                            [(key.replace("__", "."), value) for key, value in overrides.items()])
     return scenario_from_dict(data)
+
+
+def changed(data: dict, **changes: Any) -> dict:
+    """A deep copy of scenario ``data`` with each change made: ``kv_cache__swap_blocks=16`` sets
+    ``data["kv_cache"]["swap_blocks"]`` (``__`` for the dot, so that changes are keyword arguments)."""
+    out = copy.deepcopy(data)
+    for dotted, value in changes.items():
+        *parents, last = dotted.split("__")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return out
 
 
 def fixed(value: int) -> dict:

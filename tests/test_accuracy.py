@@ -1,4 +1,4 @@
-"""docs/accuracy.md says what the code computes (simbatch/hardware/accuracy.py, scripts/gen_accuracy.py).
+"""docs/accuracy.md says what the code computes (simbatch/app/accuracy.py, scripts/gen_accuracy.py).
 
 The full regeneration simulates every case (a minute); here the page is checked against its record,
 every case's resolved costs and KV blocks against the ones the record was made with, and one case is
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from simbatch.hardware import accuracy
+from simbatch.app import accuracy
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = accuracy.Record.from_json((ROOT / "docs" / "accuracy.json").read_text(encoding="utf-8"))

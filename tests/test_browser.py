@@ -14,7 +14,7 @@ from test_cli import SCENARIOS
 
 from simbatch import simulate
 from simbatch.app import headless, webreport
-from simbatch.config.loading import load_scenario
+from simbatch.inputs.loading import load_scenario
 
 if headless.binaries() is None:
     if os.environ.get("CI") == "true":

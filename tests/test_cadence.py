@@ -18,7 +18,7 @@ import pytest
 from builders import Driver, make_scenario, req, tokens
 
 from simbatch.config import Scenario
-from simbatch.schedulers import IDLE
+from simbatch.model.step import IDLE
 from simbatch.simulation import simulate
 
 ENGINES = pytest.mark.parametrize("fast_forward", [False, True], ids=["reference", "accelerated"])

@@ -28,7 +28,7 @@ from simbatch.app.sweep.capacity import (
 )
 from simbatch.app.sweep.plan import SweepInputError
 from simbatch.app.sweep.runner import Point
-from simbatch.config.loading import load_scenario
+from simbatch.inputs.loading import load_scenario
 from simbatch.simulation import simulate
 
 CHAPTER = """\

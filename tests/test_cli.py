@@ -24,7 +24,7 @@ from simbatch.app import plots, results
 from simbatch.app.cli import app
 from simbatch.app.cli.common import progress
 from simbatch.config import Scenario
-from simbatch.config.loading import load_scenario
+from simbatch.inputs.loading import load_scenario
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = REPO / "scenarios"

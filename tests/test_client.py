@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from simbatch.app.cli import app
-from simbatch.config.loading import scenario_from_dict
+from simbatch.inputs.loading import scenario_from_dict
 from simbatch.simulation import simulate
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"

@@ -22,7 +22,6 @@ from simbatch.analysis.fleet import imbalance, per_replica
 from simbatch.app.plots import series
 from simbatch.app.plots.cluster import load_imbalance, replica_load
 from simbatch.config import replica_scenarios
-from simbatch.config.loading import ScenarioError, load_scenario
 from simbatch.engine import Engine
 from simbatch.engine.router import (
     LeastKV,
@@ -34,6 +33,7 @@ from simbatch.engine.router import (
     SessionAffinity,
     make_router,
 )
+from simbatch.inputs.loading import ScenarioError, load_scenario
 from simbatch.model import streams
 from simbatch.model.cost import decode_throughput
 from simbatch.simulation import simulate

@@ -143,7 +143,7 @@ def test_per_tenant_and_per_replica_rows_are_kept(tmp_path):
         assert row(result.stdout, label)[0] == f"{summary[key]:,.{1 if 'TTFT' in label or 'tok' in label else 2}f}"
     # A sweep's summary.csv gets the same keys as columns: its runs are summarized alike.
     from simbatch.app.sweep.runner import simulate_run
-    from simbatch.config.loading import load_scenario
+    from simbatch.inputs.loading import load_scenario
 
     record = simulate_run(load_scenario(SCENARIOS / "priority_tiers.yaml",
                                         ["workload.duration_s=10", "cluster.replicas=2"]))

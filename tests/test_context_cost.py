@@ -19,7 +19,7 @@ from simbatch.config import Device, Scenario
 from simbatch.engine import Engine
 from simbatch.model.clock import step_ns
 from simbatch.model.cost import LinearCost, StepRun, SwitchingRun, floor_sum, step_time_s
-from simbatch.schedulers import StepPlan
+from simbatch.model.step import StepPlan
 from simbatch.simulation import simulate
 from simbatch.workload import generate
 

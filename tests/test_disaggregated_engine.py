@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from simbatch.config import Scenario
-from simbatch.config.resolve import resolve
+from simbatch.inputs.resolve import resolve
 from simbatch.simulation import simulate
 
 # tau0 10 ms, beta 1 ms, gamma 0.1 ms/token: a 100-token prefill takes 20 ms, a decode step of one 11 ms.

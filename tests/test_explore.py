@@ -12,7 +12,7 @@ from test_cli import SCENARIOS, invoke
 
 from simbatch import simulate
 from simbatch.app.explore import HEADLINE, KNOBS, LESSON_REQUESTS, make_server
-from simbatch.config.loading import load_scenario
+from simbatch.inputs.loading import load_scenario
 
 SCENARIO = SCENARIOS / "heavy_tail.yaml"
 

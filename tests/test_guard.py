@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from test_cli import SCENARIOS, invoke
 
-from simbatch.config import guard
-from simbatch.config.loading import load_scenario
+from simbatch.inputs import guard
+from simbatch.inputs.loading import load_scenario
 from simbatch.simulation import simulate
 
 SIMBATCH = Path(sys.executable).with_name("simbatch")

@@ -19,7 +19,6 @@ from test_cli import invoke, write_scenario
 from test_docs import _script
 
 from simbatch.config import Device, Scenario, replica_scenarios
-from simbatch.config.resolve import deployment, resolve, resolve_device
 from simbatch.hardware import measured
 from simbatch.hardware.calibrate import PARAMS, calibrate
 from simbatch.hardware.cards import ModelCard, shipped
@@ -33,6 +32,7 @@ from simbatch.hardware.memory import (
 )
 from simbatch.hardware.preset import fitted, parse
 from simbatch.hardware.report import preset_block
+from simbatch.inputs.resolve import deployment, resolve, resolve_device
 from simbatch.model.cost import LinearCost
 from simbatch.simulation import simulate
 

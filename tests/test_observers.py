@@ -7,12 +7,11 @@ come at their plan's time in the scheduler's order. Both engines tell each repli
 
 from __future__ import annotations
 
-import copy
 from collections import Counter, defaultdict
 
 import pandas as pd
 import pytest
-from builders import fixed
+from builders import changed, fixed
 
 from simbatch import Observer, simulate
 from simbatch.config import Scenario
@@ -129,14 +128,7 @@ SCENARIO = {
 
 
 def variant(**changes) -> dict:
-    data = copy.deepcopy(SCENARIO)
-    for dotted, value in changes.items():
-        *parents, last = dotted.split("__")
-        node = data
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = value
-    return data
+    return changed(SCENARIO, **changes)
 
 
 # Each stresses one way of moving requests or of cutting runs of steps.

@@ -34,7 +34,7 @@ from simbatch.app.plan.space import Layout, SearchSpace, SpaceError, configurati
 from simbatch.app.sweep.capacity import CapacitySearch
 from simbatch.app.sweep.runner import Executor
 from simbatch.config import Batching, Device
-from simbatch.config.loading import load_scenario, scenario_from_dict
+from simbatch.inputs.loading import load_scenario, scenario_from_dict
 from simbatch.model.cost import LinearCost
 from simbatch.simulation import simulate
 

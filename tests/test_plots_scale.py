@@ -14,7 +14,7 @@ from simbatch.app import plots
 from simbatch.app.plots import series
 from simbatch.app.plots.cluster import SMALL_MULTIPLES, load_imbalance, replica_load
 from simbatch.app.plots.timeseries import FINE_BINS
-from simbatch.config.loading import scenario_from_dict
+from simbatch.inputs.loading import scenario_from_dict
 from simbatch.simulation import simulate
 
 

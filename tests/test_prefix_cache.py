@@ -15,7 +15,7 @@ from builders import Driver, make_scenario, req, tokens
 from test_cli import invoke
 
 from simbatch.config import KVCache, Prefix
-from simbatch.config.loading import scenario_from_dict
+from simbatch.inputs.loading import scenario_from_dict
 from simbatch.memory.kv import KVCacheManager, content_of, lookup_blocks
 from simbatch.memory.prefix_cache import SYSTEM_PROMPT, CachingBlockPool, block_key
 from simbatch.simulation import simulate

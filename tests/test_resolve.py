@@ -1,4 +1,4 @@
-"""Resolution (simbatch/config/resolve.py): a pure, idempotent function from a validated scenario to the
+"""Resolution (simbatch/inputs/resolve.py): a pure, idempotent function from a validated scenario to the
 one the engine runs, with a record of where each value came from; and the import structure that keeps
 the schema apart from the hardware model it resolves with."""
 
@@ -13,11 +13,11 @@ import pytest
 from pydantic import ValidationError
 
 from simbatch.config import DEVICE_COSTS, Device, Scenario, replica_scenarios
-from simbatch.config.loading import ScenarioError, load_scenario, scenario_from_dict
-from simbatch.config.resolve import STEPS, resolve, resolve_device
 from simbatch.engine import Engine
 from simbatch.hardware.memory import kv_budget
 from simbatch.hardware.preset import fitted, parse
+from simbatch.inputs.loading import ScenarioError, load_scenario, scenario_from_dict
+from simbatch.inputs.resolve import STEPS, resolve, resolve_device
 from simbatch.simulation import simulate
 from simbatch.workload import generate
 

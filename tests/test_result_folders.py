@@ -113,7 +113,7 @@ def test_two_runs_taking_the_same_name_both_keep_their_results(tmp_path, monkeyp
     second = results.default_folder("same", now=now)  # chosen before the first is written: a race
     assert first == second
     _run(SCENARIOS / "stable.yaml", "--set", "workload.num_requests=3", "--out", first)
-    from simbatch.config.loading import load_scenario
+    from simbatch.inputs.loading import load_scenario
     from simbatch.simulation import simulate
     result = simulate(load_scenario(SCENARIOS / "stable.yaml", ["workload.num_requests=3"]))
     placed = results.write_run(second, result, unique=True)

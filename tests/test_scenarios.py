@@ -14,7 +14,7 @@ import pytest
 from test_cli import RUN_FILES, SCENARIOS, invoke
 
 from simbatch.analysis.capacity import expected_stability
-from simbatch.config.loading import load_scenario
+from simbatch.inputs.loading import load_scenario
 from simbatch.simulation import simulate
 from simbatch.workload import generate
 

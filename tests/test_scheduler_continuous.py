@@ -17,7 +17,7 @@ from builders import Driver, make_scenario, req, tokens
 
 from simbatch.engine import rejection_reasons
 from simbatch.model.request import Status
-from simbatch.schedulers import IDLE
+from simbatch.model.step import IDLE
 
 
 def driver(**overrides) -> Driver:

@@ -9,7 +9,7 @@ import pytest
 from builders import Driver, make_scenario, req, tokens
 
 from simbatch.model.request import Status
-from simbatch.schedulers import IDLE
+from simbatch.model.step import IDLE
 
 
 def driver(mode: str = "static", **overrides) -> Driver:

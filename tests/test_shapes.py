@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simbatch.config.loading import scenario_from_dict
+from simbatch.inputs.loading import scenario_from_dict
 from simbatch.workload import generate
 from simbatch.workload.shapes import SHAPES, sharegpt_pairs
 

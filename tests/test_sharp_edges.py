@@ -402,8 +402,8 @@ def test_epoch_seconds_with_the_time_origin_kept_still_replay(tmp_path):
 
 def test_the_frame_builder_refuses_a_negative_latency(tmp_path):
     from simbatch.analysis.summary import requests_frame
-    from simbatch.config.loading import load_scenario
     from simbatch.engine import Engine
+    from simbatch.inputs.loading import load_scenario
     from simbatch.workload import generate
 
     sc = load_scenario(scenario(tmp_path))
@@ -419,8 +419,8 @@ def test_the_frame_builder_refuses_a_negative_latency(tmp_path):
 def test_a_compressed_trace_is_sized_by_its_rows_not_its_bytes(tmp_path, monkeypatch):
     import gzip
 
-    from simbatch.config import guard
-    from simbatch.config.loading import load_scenario
+    from simbatch.inputs import guard
+    from simbatch.inputs.loading import load_scenario
 
     rows = 200_000
     with gzip.open(tmp_path / "t.csv.gz", "wt") as f:
@@ -463,7 +463,7 @@ def test_num_speculative_tokens_of_a_billion_is_answered_at_once(tmp_path):
 
 # ================================================================== a name YAML cannot write out
 def test_an_escaped_emoji_name_is_the_emoji_and_a_lone_surrogate_is_refused(tmp_path):
-    from simbatch.config.loading import load_scenario
+    from simbatch.inputs.loading import load_scenario
 
     (tmp_path / "e.yaml").write_text('name: "\\ud83d\\ude80 launch"\nworkload: {num_requests: 5}\n')
     assert load_scenario(tmp_path / "e.yaml").name == "\U0001f680 launch"
@@ -478,7 +478,7 @@ SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 
 def stability_of(name: str, *overrides: str):
     from simbatch.analysis.capacity import expected_stability
-    from simbatch.config.loading import load_scenario
+    from simbatch.inputs.loading import load_scenario
     from simbatch.workload import generate
 
     sc = load_scenario(SCENARIOS / f"{name}.yaml", list(overrides))
@@ -576,7 +576,7 @@ def test_a_run_named_with_an_escaped_emoji_writes_a_report_with_its_numbers(tmp_
 
 def test_a_comparison_report_has_the_table_and_each_verdict(tmp_path):
     from simbatch.app.webreport import write_report
-    from simbatch.config.loading import load_scenario
+    from simbatch.inputs.loading import load_scenario
     from simbatch.simulation import simulate
 
     hostile = scenario(tmp_path, {**SMALL, "name": "<script>alert(1)</script>"})

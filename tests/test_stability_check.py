@@ -8,7 +8,7 @@ from test_cli import SCENARIOS, invoke, table_value
 
 from simbatch.analysis.capacity import expected_stability, mean_blocks_held, memory_batch
 from simbatch.app import results
-from simbatch.config.loading import load_scenario
+from simbatch.inputs.loading import load_scenario
 from simbatch.simulation import simulate
 from simbatch.workload import generate
 

@@ -31,7 +31,7 @@ from simbatch.app.sweep import plots as sweep_plots
 from simbatch.app.sweep.aggregate import mean_ci95
 from simbatch.app.sweep.grid import GridError, expand, format_value, parse_param, parse_params, parse_values
 from simbatch.app.sweep.store import MANIFEST, POINTS
-from simbatch.config.loading import load_scenario, parse_override
+from simbatch.inputs.loading import load_scenario, parse_override
 from simbatch.model.cost import decode_throughput
 from simbatch.simulation import simulate
 

@@ -9,6 +9,7 @@ from collections import Counter
 from types import SimpleNamespace
 
 import pytest
+from builders import changed
 from test_cli import invoke
 from trace_schema import check_trace, tracks
 
@@ -44,15 +45,7 @@ def traced(data: dict, max_requests: int = 10_000):
 
 
 def variant(fast_forward: bool, **changes) -> dict:
-    data = copy.deepcopy(BUSY)
-    data["sim"]["fast_forward"] = fast_forward
-    for dotted, value in changes.items():
-        *parents, last = dotted.split("__")
-        node = data
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = value
-    return data
+    return changed(BUSY, sim__fast_forward=fast_forward, **changes)
 
 
 CASES = {

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simbatch.config.loading import ScenarioError, scenario_from_dict
+from simbatch.inputs.loading import ScenarioError, scenario_from_dict
 from simbatch.simulation import simulate
 from simbatch.workload import generate
 from simbatch.workload.prefix import expected_hash_hits

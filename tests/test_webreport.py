@@ -11,7 +11,7 @@ from test_cli import SCENARIOS, invoke
 
 from simbatch import simulate
 from simbatch.app import webreport
-from simbatch.config.loading import load_scenario
+from simbatch.inputs.loading import load_scenario
 
 
 @pytest.fixture(scope="module")

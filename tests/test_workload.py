@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from simbatch.config import Arrival, Scenario
-from simbatch.config.loading import ScenarioError, scenario_from_dict
+from simbatch.inputs.loading import ScenarioError, scenario_from_dict
 from simbatch.model import streams
 from simbatch.model.clock import snap_s
 from simbatch.workload import WorkloadArrays, generate

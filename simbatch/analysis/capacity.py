@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from simbatch.config import Device, Scenario, replica_scenarios
-from simbatch.config.resolve import resolve
 from simbatch.features import speculative
+from simbatch.inputs.resolve import resolve
 from simbatch.model.cost import LinearCost, work_s
 from simbatch.registry import MODES
 from simbatch.workload import WorkloadArrays

@@ -70,8 +70,8 @@ def _implausible_costs(scenario: Scenario) -> list[str]:
 def _blocks_beyond_memory(scenario: Scenario) -> list[str]:
     """A warning when a cache of a given number of blocks (not sized by resolution) is more than the preset's
     GPU holds, as vLLM sizes it."""
-    from simbatch.config.resolve import deployment
     from simbatch.hardware.memory import kv_budget, weights_problem
+    from simbatch.inputs.resolve import deployment
 
     record = scenario.resolution or {}
     out = []

@@ -129,7 +129,7 @@ MAX_JSON_BYTES = 16_000_000
 """The largest summary.json or resolved_config.json read from a result folder: a run's are kilobytes."""
 MAX_FRAME_BYTES = 1_000_000_000
 """The largest requests.csv or iterations.csv read without ``--force``: a run within the size guard
-(:mod:`simbatch.config.guard`) writes a few hundred MB at most; read whole, a file costs about its size."""
+(:mod:`simbatch.inputs.guard`) writes a few hundred MB at most; read whole, a file costs about its size."""
 REQUEST_COLUMNS = ("request_id", "replica", "tenant", "arrival_s", "first_scheduled_s", "first_token_s",
                    "finish_s", "prompt_tokens", "output_tokens", "num_preemptions", "status", "ttft_s", "tpot_s",
                    "e2e_s")

@@ -1,5 +1,5 @@
 """Errors a user's request can cause that are not a bad scenario (those are
-:class:`~simbatch.config.loading.ScenarioError`): light enough for the command line to import before it
+:class:`~simbatch.inputs.loading.ScenarioError`): light enough for the command line to import before it
 imports anything heavy."""
 
 from __future__ import annotations

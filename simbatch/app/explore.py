@@ -27,8 +27,8 @@ from pathlib import Path
 from simbatch.app.localhost import LocalHandler, LocalServer
 from simbatch.app.text import printable
 from simbatch.config import Scenario
-from simbatch.config.guard import TooLarge, check_run
-from simbatch.config.loading import ScenarioError, load_scenario
+from simbatch.inputs.guard import TooLarge, check_run
+from simbatch.inputs.loading import ScenarioError, load_scenario
 from simbatch.registry import MODES, POLICIES
 
 LESSON_REQUESTS = 400

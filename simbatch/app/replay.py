@@ -26,7 +26,7 @@ import numpy as np
 
 from simbatch.analysis.stats import describe_ms
 from simbatch.config import Batching, Scenario
-from simbatch.config.loading import apply_overrides, parse_override, read_text, read_yaml, scenario_from_dict
+from simbatch.inputs.loading import apply_overrides, parse_override, read_text, read_yaml, scenario_from_dict
 from simbatch.model import streams
 from simbatch.model.clock import snap_s
 from simbatch.registry import MODES
@@ -130,7 +130,7 @@ def _assumed(data: dict, scenario: Scenario, why: dict[str, str]) -> str:
 def plan(result: BenchResult, data: dict, source: str, base_dir: Path | None) -> Replay:
     """The scenario that replays ``result`` on the server ``data`` describes, and its requests.
 
-    Raises :class:`~simbatch.config.loading.ScenarioError` for a scenario that does not validate,
+    Raises :class:`~simbatch.inputs.loading.ScenarioError` for a scenario that does not validate,
     and ValueError (one line) for a file that says too little to replay.
     """
     given_lengths = {k: _get(data, f"workload.{k}") for k in ("prompt_tokens", "output_tokens")}

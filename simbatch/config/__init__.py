@@ -8,7 +8,7 @@ place; models forbid unknown keys, so a typo in a scenario is an error, never a 
 gathered by :mod:`.scenario`; :mod:`.base` holds what they share.
 
 The schema is data and checks only. Presets, ``num_blocks: auto`` and the other derived values are
-filled in by a separate step, :func:`simbatch.config.resolve.resolve` (not imported here: it uses
+filled in by a separate step, :func:`simbatch.inputs.resolve.resolve` (not imported here: it uses
 the hardware model, which uses this schema); :mod:`.loading` reads, validates and resolves a file;
 :mod:`.guard` refuses runs too large for the machine.
 """

@@ -4,7 +4,7 @@ A step takes ``tau0 + beta*B + gamma*P + delta*K + epsilon*A``, or with ``weight
 roofline ``tau0 + max(weights + experts + delta*K, beta*B) + gamma*P + epsilon*A``
 (:mod:`simbatch.model.cost`, the one place the formula lives). This section holds the five costs as the file gives them, or a
 ``preset`` naming a model and a GPU; it does not derive anything. Deriving the preset's costs for
-the keys the file leaves out is resolution's work (:mod:`simbatch.config.resolve`), which records
+the keys the file leaves out is resolution's work (:mod:`simbatch.inputs.resolve`), which records
 where each cost came from. A section without a preset is already what the engine runs.
 """
 

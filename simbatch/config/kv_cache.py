@@ -3,7 +3,7 @@
 ``num_blocks`` is a number, or ``auto``: sized from the GPU's memory as vLLM sizes it at start-up
 (needs ``device.preset``), or from the token count vLLM logs (``gpu_kv_cache_tokens``). Turning
 ``auto`` into a number needs the device and the batching the cache runs with, so it is resolution's
-work (:mod:`simbatch.config.resolve`), for the scenario and for every replica group; what can be
+work (:mod:`simbatch.inputs.resolve`), for the scenario and for every replica group; what can be
 checked from the section alone (a count smaller than a block, a count that disagrees with
 ``num_blocks``, ``auto`` with nothing to size it from) is checked here, by :meth:`KVCache.check_blocks`.
 """

@@ -1,6 +1,6 @@
 """Where each value of a resolved scenario came from: the record that resolution keeps.
 
-A scenario file gives some values and leaves others out; resolution (:mod:`simbatch.config.resolve`)
+A scenario file gives some values and leaves others out; resolution (:mod:`simbatch.inputs.resolve`)
 fills in what follows from the rest (a preset's costs, ``num_blocks: auto``, the KV bytes a
 disaggregated cluster moves) and writes down, for each value it decided, a :class:`Provenance`: the
 value, its source and one line saying how. The record is keyed by the dotted key a scenario file

@@ -3,7 +3,7 @@
 A scenario file maps onto :class:`Scenario` 1:1, section by section (one module each, in this
 package); ``docs/scenarios.md`` is generated from the models. Validation checks the data as given,
 and writes nothing: a validated scenario holds what the file says, ``num_blocks: auto`` and a
-preset's unfilled costs included. :func:`simbatch.config.resolve.resolve` turns it into the scenario
+preset's unfilled costs included. :func:`simbatch.inputs.resolve.resolve` turns it into the scenario
 the engine runs, recording where each decided value came from (:attr:`Scenario.resolution`); the
 loader and :func:`simbatch.simulation.simulate` resolve for you.
 """
@@ -61,7 +61,7 @@ class Scenario(_Model):
 
     @property
     def resolution(self) -> Resolution | None:
-        """The record of :func:`~simbatch.config.resolve.resolve` (dotted key -> where the value came from),
+        """The record of :func:`~simbatch.inputs.resolve.resolve` (dotted key -> where the value came from),
         or None for a scenario not resolved yet."""
         return self._resolution
 

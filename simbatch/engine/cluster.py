@@ -20,12 +20,12 @@ import numpy as np
 import simpy
 
 from simbatch.config import Scenario, replica_scenarios
-from simbatch.config.resolve import resolve
 from simbatch.engine.client import Client
 from simbatch.engine.disaggregated import Dispatcher
 from simbatch.engine.replica import Replica
 from simbatch.engine.router import Load, make_router
 from simbatch.features import feature_classes
+from simbatch.inputs.resolve import resolve
 from simbatch.memory.blocks import blocks_for, peak_kv_tokens
 from simbatch.model.clock import NS_PER_S, Urgent, to_ns
 from simbatch.observe.observers import Observer

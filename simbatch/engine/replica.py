@@ -38,9 +38,10 @@ from simbatch.features import hooks
 from simbatch.model.clock import NS_PER_S, Late, ceil_ns
 from simbatch.model.cost import LinearCost, StepRun
 from simbatch.model.request import Request
+from simbatch.model.step import IDLE, Idle, SleepUntil, StepPlan
 from simbatch.observe.observers import Observer, Run
 from simbatch.observe.recorder import Recorder, StepShape, replaced
-from simbatch.schedulers import IDLE, BaseScheduler, Idle, SleepUntil, StepPlan
+from simbatch.schedulers import BaseScheduler
 
 
 def scheduler_for(scenario: Scenario, tenant_names: tuple[str, ...] = ("default",)) -> BaseScheduler:

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from simbatch.config import Scenario
-    from simbatch.schedulers.base import StepPlan
+    from simbatch.model.step import StepPlan
 
 HOOKS = ("decode_tokens", "applied", "step_ms")
 

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from simbatch.model.request import Request
-    from simbatch.schedulers.base import StepPlan
+    from simbatch.model.step import StepPlan
 
 _BATCH = 64  # draws fetched from a request's generator at a time
 

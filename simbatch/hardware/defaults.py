@@ -14,7 +14,7 @@ From vLLM's source (0.14.1 and 0.19.0 alike, ``engine/arg_utils.py``):
   event back cost about 1 ms each way (an estimate: vLLM's source gives no figure).
 
 :func:`defaults` says, for one model on one GPU, the value of each of these scenario keys and why;
-resolution (:mod:`simbatch.config.resolve`) applies them where a scenario with a preset leaves a key out.
+resolution (:mod:`simbatch.inputs.resolve`) applies them where a scenario with a preset leaves a key out.
 """
 
 from __future__ import annotations

@@ -34,13 +34,13 @@ def preset_block(scenario: Scenario) -> str | None:
     """The device's costs with their source (preset / explicit / default) and the KV blocks' derivation,
     for the scenario and each replica group with its own device or cache; None when nothing was derived.
 
-    ``scenario`` is resolved (:func:`simbatch.config.resolve.resolve`, as the loader does): its
+    ``scenario`` is resolved (:func:`simbatch.inputs.resolve.resolve`, as the loader does): its
     record says where each value came from.
     """
     record = scenario.resolution
     if record is None:
         raise ValueError("preset_block reads a resolved scenario's record: resolve it first "
-                         "(simbatch.config.resolve.resolve)")
+                         "(simbatch.inputs.resolve.resolve)")
     lines = _block("Device costs", record, scenario.device, "device", scenario.kv_cache, "kv_cache")
     vllm = {key: p for key, p in record.items() if p.source == "vllm"}
     if vllm:

@@ -78,7 +78,7 @@ from simbatch.config import Device
 from simbatch.model.clock import step_ns
 
 if TYPE_CHECKING:
-    from simbatch.schedulers.base import StepPlan
+    from simbatch.model.step import StepPlan
 
 FS_PER_MS = 10**12
 # The context terms' grid: twice a femtosecond per unit, because A = sum c (k + c/2) is a half-integer;

@@ -88,7 +88,7 @@ from simbatch.model.clock import NS_PER_S
 if TYPE_CHECKING:
     from simbatch.model.cost import StepRun
     from simbatch.model.request import Request
-    from simbatch.schedulers.base import StepPlan
+    from simbatch.model.step import StepPlan
 
 
 class Run(Sequence):

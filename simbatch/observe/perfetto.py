@@ -44,17 +44,29 @@ import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from simbatch.observe.observers import Observer, Run
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from simbatch.config import Scenario
     from simbatch.model.request import Request
-    from simbatch.schedulers.base import StepPlan
-    from simbatch.simulation import Result
+    from simbatch.model.step import StepPlan
+
+
+class Result(Protocol):
+    """What the trace reads of a finished run: a :class:`simbatch.simulation.Result` (the simulation
+    sits above the observers, so it is named here by shape, not imported)."""
+
+    scenario: Scenario
+    requests: pd.DataFrame
+    iterations: pd.DataFrame
+    summary: dict
+
 
 DEFAULT_MAX_REQUESTS = 10_000
 PHASES = ("queued", "prefill", "decode", "preempted")

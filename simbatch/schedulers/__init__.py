@@ -8,7 +8,7 @@ class is defined (:mod:`.continuous`, :mod:`.request_level`); a mode of your own
 from simbatch.config import Scenario
 from simbatch.memory.kv import KVCacheManager
 from simbatch.registry import MODES
-from simbatch.schedulers.base import IDLE, Answer, BaseScheduler, Idle, SleepUntil, StepOutcome, StepPlan
+from simbatch.schedulers.base import BaseScheduler
 from simbatch.schedulers.continuous import ContinuousScheduler
 from simbatch.schedulers.policies import make_queue
 from simbatch.schedulers.request_level import RequestLevelScheduler
@@ -28,5 +28,4 @@ def make_scheduler(scenario: Scenario, tenant_names: tuple[str, ...] = ("default
     return (cls or scheduler_class(scenario))(scenario, kv, waiting)
 
 
-__all__ = ["IDLE", "Answer", "BaseScheduler", "ContinuousScheduler", "Idle", "SleepUntil", "RequestLevelScheduler",
-           "StepOutcome", "StepPlan", "make_scheduler", "scheduler_class"]
+__all__ = ["BaseScheduler", "ContinuousScheduler", "RequestLevelScheduler", "make_scheduler", "scheduler_class"]

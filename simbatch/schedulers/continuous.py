@@ -53,8 +53,9 @@ from simbatch.features import features_for, hooks
 from simbatch.memory.blocks import blocks_for
 from simbatch.memory.kv import KVCacheManager
 from simbatch.model.request import FINISHED, RUNNING, WAITING, Request
+from simbatch.model.step import IDLE, Idle, StepOutcome, StepPlan
 from simbatch.registry import MODES, POLICIES
-from simbatch.schedulers.base import IDLE, BaseScheduler, Idle, StepOutcome, StepPlan
+from simbatch.schedulers.base import BaseScheduler
 from simbatch.schedulers.policies import WaitingQueue, victim_key, waiting_key
 
 

@@ -33,8 +33,9 @@ from simbatch.config import Scenario
 from simbatch.memory.blocks import peak_kv_tokens
 from simbatch.memory.kv import KVCacheManager
 from simbatch.model.request import Request, Status
+from simbatch.model.step import IDLE, Answer, SleepUntil, StepOutcome, StepPlan
 from simbatch.registry import MODES
-from simbatch.schedulers.base import IDLE, Answer, BaseScheduler, SleepUntil, StepOutcome, StepPlan
+from simbatch.schedulers.base import BaseScheduler
 from simbatch.schedulers.policies import WaitingQueue
 
 

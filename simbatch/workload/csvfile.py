@@ -26,7 +26,7 @@ from typing import BinaryIO
 import numpy as np
 import pandas as pd
 
-from simbatch.config.loading import Problem, ScenarioError
+from simbatch.config.problems import Problem, ScenarioError
 
 _HEADER_LINE = 1  # CSV line numbers are 1-based and the header takes the first
 _CHUNK = 1 << 22

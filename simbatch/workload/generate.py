@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simbatch.config import RequestClass, Scenario
-from simbatch.config.loading import Problem, ScenarioError
+from simbatch.config.problems import Problem, ScenarioError
 from simbatch.model import streams
 from simbatch.model.clock import MAX_ARRIVAL_S, snap_s
 from simbatch.workload.arrivals import arrival_times

@@ -227,7 +227,7 @@ def load_trace(trace: Trace, scenario: Scenario, num_requests: int | None,
     their file order, or their turn order with ``turn_column``). ``num_requests`` then keeps the
     first that many arrivals and ``duration_s`` those arriving before it (in scaled time). Every row
     is checked, kept or not, so a damaged file is found on its first use. A bad row raises
-    :class:`~simbatch.config.loading.ScenarioError` naming its line.
+    :class:`~simbatch.inputs.loading.ScenarioError` naming its line.
     """
     fmt = FORMATS[trace.format]
     path = scenario.resolve(trace.path)

@@ -21,7 +21,7 @@ import report
 from report import Checker, Ledger
 
 from simbatch.config import Scenario
-from simbatch.config.loading import ScenarioError, scenario_from_dict
+from simbatch.inputs.loading import ScenarioError, scenario_from_dict
 from simbatch.simulation import Result, simulate
 
 HERE = Path(__file__).resolve().parent

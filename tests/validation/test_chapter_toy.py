@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from simbatch.config.loading import load_scenario
+from simbatch.inputs.loading import load_scenario
 from simbatch.simulation import simulate
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"

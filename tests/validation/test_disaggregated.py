@@ -30,7 +30,7 @@ from simbatch.analysis.capacity import expected_stability
 from simbatch.config import Device
 from simbatch.model.clock import to_ns
 from simbatch.model.cost import LinearCost
-from simbatch.schedulers import StepPlan
+from simbatch.model.step import StepPlan
 from simbatch.workload import generate
 
 DEVICE = {"tau0_ms": 10.0, "beta_ms": 0.5, "prefill_ms_per_token": 0.05, "kv_read_ms_per_1k_tokens": 2.0,
@@ -152,7 +152,7 @@ def test_capacity_is_the_smaller_pool(sim, check, mode, binding, slots):
     seeds = range(mode.pick(3, 12))
     warmup, duration = 5.0, mode.pick(15.0, 60.0)
     spec = _capacity_spec(0, 1.2 * capacity, 1, 1, slots, duration)
-    from simbatch.config.loading import scenario_from_dict
+    from simbatch.inputs.loading import scenario_from_dict
 
     scenario = scenario_from_dict(spec)
     st = expected_stability(scenario, generate(scenario))
@@ -179,7 +179,7 @@ def test_placement_finds_the_closed_form_split(check, mode):
     best at p = 2 (min 76.2 req/s). Every request arrives at t = 0 (200 quick, 2,000 full), so each
     split runs saturated; the simulated best is the split with the most requests per second."""
     from simbatch.app.sweep.placement import closed_form_best, placement_search
-    from simbatch.config.loading import scenario_from_dict
+    from simbatch.inputs.loading import scenario_from_dict
 
     seeds = range(mode.pick(2, 5))
     found = []

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 from simbatch.config import KVCache
-from simbatch.config.loading import scenario_from_dict
+from simbatch.inputs.loading import scenario_from_dict
 from simbatch.memory.kv import KVCacheManager, blocks_for
 from simbatch.model.request import Request
 from simbatch.schedulers import make_scheduler

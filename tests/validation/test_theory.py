@@ -19,7 +19,7 @@ import pytest
 
 from simbatch.analysis import theory
 from simbatch.config import Choice, Device, Exponential, Fixed, Uniform, Zipf
-from simbatch.config.loading import scenario_from_dict
+from simbatch.inputs.loading import scenario_from_dict
 from simbatch.workload.lengths import sample_lengths
 
 DISTS = {

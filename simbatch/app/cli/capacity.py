@@ -110,8 +110,9 @@ def capacity(
     concurrency it demands (Little's law) are checked against max_num_seqs × replicas.
     """
     from simbatch.analysis.capacity import expected_stability, stability
-    from simbatch.config import Device, guard
-    from simbatch.config.loading import load_scenario
+    from simbatch.config import Device
+    from simbatch.inputs import guard
+    from simbatch.inputs.loading import load_scenario
     from simbatch.workload import generate
 
     for flag, value in (("--max-num-seqs", max_num_seqs), ("--rate", rate),

@@ -112,8 +112,8 @@ def reports_bad_input(command: Callable) -> Callable:
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         # Before the try, so that the handlers below can name them (an interruption here reaches console.main).
-        from simbatch.config.guard import TooLarge
-        from simbatch.config.loading import ScenarioError
+        from simbatch.inputs.guard import TooLarge
+        from simbatch.inputs.loading import ScenarioError
 
         stdout = sys.stdout
         sys.stdout = guarded = _QuietWhenClosed(stdout)

@@ -95,8 +95,8 @@ def _show(preset: str, model_card=None) -> None:
     from pydantic import ValidationError
 
     from simbatch.config import Scenario
-    from simbatch.config.resolve import resolve
     from simbatch.hardware.report import preset_block
+    from simbatch.inputs.resolve import resolve
 
     device = {"preset": preset} | ({"model_card": model_card} if model_card is not None else {})
     try:
@@ -181,9 +181,9 @@ def calibrate(files: list[Path] = FILES_ARG, out: Path = SNIPPET_OPT, preset: st
     from pydantic import ValidationError
 
     from simbatch.config import Device
-    from simbatch.config.resolve import resolve_device
     from simbatch.hardware.calibrate import FRONTEND, PARAMS, CalibrationError
     from simbatch.hardware.calibrate import calibrate as run_fit
+    from simbatch.inputs.resolve import resolve_device
 
     for f in [*files, *([scenario] if scenario is not None else [])]:
         if not f.is_file():

@@ -16,8 +16,8 @@ from simbatch.app.text import printable
 def validate(scenario_file: Path = SCENARIO_ARG, sets: list[str] = SET_OPT, force: bool = FORCE_OPT) -> None:
     """Check a scenario, and the data files it reads, without simulating it."""
     from simbatch.analysis.capacity import expected_stability
-    from simbatch.config import guard
-    from simbatch.config.loading import load_scenario
+    from simbatch.inputs import guard
+    from simbatch.inputs.loading import load_scenario
     from simbatch.workload import generate
 
     scenario = load_scenario(scenario_file, sets)

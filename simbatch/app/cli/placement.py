@@ -24,8 +24,8 @@ def placement(scenario_file: Path = SCENARIO_ARG, gpus: int = GPUS_OPT, sets: li
     from simbatch.app.plots.disaggregated import placement as placement_plot
     from simbatch.app.plots.figure import save_figure
     from simbatch.app.sweep.placement import best, closed_form_best, placement_search
-    from simbatch.config import guard
-    from simbatch.config.loading import load_scenario
+    from simbatch.inputs import guard
+    from simbatch.inputs.loading import load_scenario
 
     scenario = load_scenario(scenario_file, overrides(sets))
     if scenario.cluster.disaggregated is None:

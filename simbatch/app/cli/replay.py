@@ -26,7 +26,7 @@ def run_replay(result, data: dict, source: str, base_dir: Path | None, force: bo
     summary, notes). Shared with ``calibrate --check``."""
     from simbatch.app import replay
     from simbatch.app.cli.run import _simulate
-    from simbatch.config import guard
+    from simbatch.inputs import guard
 
     try:
         plan = replay.plan(result, data, source, base_dir)

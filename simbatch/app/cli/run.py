@@ -102,9 +102,9 @@ def run(scenario_file: Path = SCENARIO_ARG,
     """
     from simbatch.analysis.capacity import expected_stability
     from simbatch.app import report, results
-    from simbatch.config import guard
-    from simbatch.config.loading import load_scenario
     from simbatch.hardware.report import preset_block
+    from simbatch.inputs import guard
+    from simbatch.inputs.loading import load_scenario
     from simbatch.workload import generate
 
     bench = bench_overrides(request_rate, burstiness, num_prompts, max_concurrency, percentile_metrics,
@@ -182,8 +182,8 @@ def compare(sources: list[Path] = SOURCES_ARG,
     """
     from simbatch.app import report, results
     from simbatch.app.compare import CompareInputError, shares_workload, variants
-    from simbatch.config import guard
-    from simbatch.config.loading import load_scenario
+    from simbatch.inputs import guard
+    from simbatch.inputs.loading import load_scenario
     from simbatch.workload import generate
 
     say = (lambda text: None) if quiet or as_json else typer.echo

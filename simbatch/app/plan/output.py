@@ -52,8 +52,8 @@ def _mean(combined: dict[str, Any], key: str) -> float:
 
 def _card(cand: Candidate):
     """The GPU card of the candidate: its preset's, or for a calibrated device the shipped card of its GPU."""
-    from simbatch.config.resolve import deployment
     from simbatch.hardware.cards import shipped
+    from simbatch.inputs.resolve import deployment
 
     preset = deployment(cand.screen.point.scenario.device)
     if preset is not None:

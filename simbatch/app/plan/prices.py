@@ -29,7 +29,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from simbatch.config.loading import load_model
+from simbatch.inputs.loading import load_model
 
 SHIPPED = "data/gpu_prices.yaml"
 

@@ -28,8 +28,8 @@ from simbatch.app.results import file_sha256
 from simbatch.app.sweep.capacity import goodput_overrides, parse_slo, percentile_overrides
 from simbatch.app.sweep.plan import SweepInputError, default_out, open_store
 from simbatch.app.sweep.runner import Point
-from simbatch.config import guard
-from simbatch.config.loading import load_model, load_scenario
+from simbatch.inputs import guard
+from simbatch.inputs.loading import load_model, load_scenario
 from simbatch.workload import generate
 
 RATE = "workload.arrival.rate"

@@ -40,7 +40,7 @@ from simbatch.app.sweep.aggregate import combine
 from simbatch.app.sweep.capacity import Search
 from simbatch.app.sweep.runner import Executor, Point, execute, load_point, runs_for
 from simbatch.app.sweep.store import Store
-from simbatch.config import guard
+from simbatch.inputs import guard
 
 OBJECTIVES = ("cost", "gpus", "goodput-per-dollar")
 ROUND_CONFIGS = 8

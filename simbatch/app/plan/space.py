@@ -185,8 +185,8 @@ def _device_section(scenario: Scenario, preset: str) -> dict[str, Any]:
 
 def _presets(space: SearchSpace, scenario: Scenario) -> list[tuple[str, Any, bool]]:
     """(preset name, its Deployment or the ValueError parsing it, expert parallel) of every combination."""
-    from simbatch.config.resolve import deployment
     from simbatch.hardware.preset import parse
+    from simbatch.inputs.resolve import deployment
 
     if space.models is None and space.gpus is None and space.devices is not None:
         return []  # calibrated devices only

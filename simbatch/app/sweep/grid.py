@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from simbatch.config.loading import ScenarioError, parse_override
+from simbatch.inputs.loading import ScenarioError, parse_override
 
 _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 _LINEAR = re.compile(rf"^({_NUMBER}):({_NUMBER}):({_NUMBER})$")

@@ -22,7 +22,7 @@ from simbatch.app.sweep.grid import GridError, Param, expand, parse_params
 from simbatch.app.sweep.plots import plot_sweep
 from simbatch.app.sweep.runner import Executor, Point, Run, execute, load_points, runs_for
 from simbatch.app.sweep.store import Store, StoreError, write_atomic
-from simbatch.config import guard
+from simbatch.inputs import guard
 
 SEED_IS_PER_REPLICATION = ("each replication sets the seed (base seed + replication); "
                            "change the base with --set seed=N")
@@ -37,7 +37,7 @@ def valid_points(scenario_path: Path, param_texts: list[str], sets: list[str], r
     """Parse the grid and validate every point; bad input when no point at all is valid.
 
     The size guard runs first on the grid (points x replications, before a point is loaded), then
-    on each valid point's run (:mod:`simbatch.config.guard`); ``force`` lifts both limits.
+    on each valid point's run (:mod:`simbatch.inputs.guard`); ``force`` lifts both limits.
     """
     try:
         params = parse_params(param_texts, reserved)

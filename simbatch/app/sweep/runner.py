@@ -36,7 +36,7 @@ import numpy as np
 from simbatch.app.sweep.grid import overrides_for
 from simbatch.app.sweep.store import Store, run_key
 from simbatch.config import Scenario
-from simbatch.config.loading import ScenarioError, load_scenario
+from simbatch.inputs.loading import ScenarioError, load_scenario
 from simbatch.simulation import simulate
 
 # The analytic stability check kept with each run's summary (renamed where a summary key would clash).

@@ -25,9 +25,10 @@ from typing import Protocol
 
 from simbatch.config import Scenario
 from simbatch.engine.accel import batches, lockstep  # noqa: F401  (they attach the twins)
+from simbatch.model.step import StepOutcome, StepPlan
 from simbatch.registry import MODES
 from simbatch.schedulers import make_scheduler
-from simbatch.schedulers.base import BaseScheduler, StepOutcome, StepPlan
+from simbatch.schedulers.base import BaseScheduler
 
 
 class Accelerator(Protocol):

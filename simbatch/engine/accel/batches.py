@@ -11,8 +11,8 @@ those two rules and changes when a batch forms: ``class Twin(BatchRuns, YourSche
 
 from __future__ import annotations
 
+from simbatch.model.step import StepOutcome, StepPlan
 from simbatch.registry import MODES
-from simbatch.schedulers.base import StepOutcome, StepPlan
 from simbatch.schedulers.request_level import RequestLevelScheduler
 
 

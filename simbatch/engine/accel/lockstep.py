@@ -37,8 +37,8 @@ from simbatch.config import Scenario
 from simbatch.memory.blocks import blocks_for
 from simbatch.memory.kv import KVCacheManager
 from simbatch.model.request import RUNNING, Request
+from simbatch.model.step import IDLE, Idle, StepOutcome, StepPlan
 from simbatch.registry import MODES, POLICIES
-from simbatch.schedulers.base import IDLE, Idle, StepOutcome, StepPlan
 from simbatch.schedulers.continuous import ContinuousScheduler
 from simbatch.schedulers.policies import WaitingQueue
 

@@ -76,7 +76,7 @@ class Case:
     def resolved(self, device: dict | None = None, num_requests: int = 1) -> Scenario:
         """The case's scenario, resolved (vLLM's defaults and the preset's costs filled in), ``device``
         replacing the device section's costs."""
-        from simbatch.config.resolve import resolve
+        from simbatch.inputs.resolve import resolve
 
         data = {**self.scenario, "workload": {"num_requests": num_requests}}
         if device is not None:

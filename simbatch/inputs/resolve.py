@@ -30,7 +30,7 @@ decided again, alike; a value that replaced what it came from (``auto`` became a
 record's word for how it was made. A failure is a :class:`pydantic.ValidationError` located as
 validation locates it, so the loader reports it at its ``file:line`` like any other.
 
-:func:`simbatch.config.loading.load_scenario` and :func:`simbatch.simulation.simulate` resolve for
+:func:`simbatch.inputs.loading.load_scenario` and :func:`simbatch.simulation.simulate` resolve for
 you; :func:`resolve` is for a scenario validated by hand whose derived values you want to read.
 """
 

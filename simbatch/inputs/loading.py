@@ -10,7 +10,6 @@ import copy
 import functools
 import math
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args
 
@@ -18,32 +17,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from simbatch.config import LengthDist, Scenario, suggestion
-from simbatch.config.resolve import resolve
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong with a scenario, located as precisely as the input allows."""
-
-    source: str
-    path: str
-    message: str
-    line: int | None = None
-    col: int | None = None
-
-    def __str__(self) -> str:
-        where = self.source
-        if self.line is not None:
-            where += f":{self.line}" if self.col is None else f":{self.line}:{self.col}"
-        return f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
-
-
-class ScenarioError(ValueError):
-    """A scenario that cannot be used; ``problems`` says every reason."""
-
-    def __init__(self, problems: list[Problem]):
-        self.problems = problems
-        super().__init__("\n".join(str(p) for p in problems))
+from simbatch.config.problems import Problem, ScenarioError
+from simbatch.inputs.resolve import resolve
 
 
 def parse_override(item: str) -> tuple[str, Any]:
@@ -296,7 +271,7 @@ def _message(err: dict, root: type[BaseModel] | None = None) -> str:
 
 def scenario_from_dict(data: Any, source: str = "<scenario>", marks: dict | None = None,
                        base_dir: Path | None = None) -> Scenario:
-    """Validate a plain mapping into a Scenario and resolve it (:func:`~simbatch.config.resolve.resolve`),
+    """Validate a plain mapping into a Scenario and resolve it (:func:`~simbatch.inputs.resolve.resolve`),
     or raise ScenarioError listing every problem, located in the file as the validator locates it."""
     if not isinstance(data, dict):
         kind = "empty" if data is None else f"a {type(data).__name__}"
