@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from builders import req
+
 from simbatch.config import KVCache
 from simbatch.config.loading import ScenarioError, scenario_from_dict
 from simbatch.features.host_tier import HostKVTier, load_ms_per_block

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from builders import req
+
 from simbatch.config.loading import ScenarioError, scenario_from_dict
 from simbatch.features.lora import MultiLora, adapter_bytes, lru_hit_rate
 from simbatch.observe.observers import Observer
