@@ -38,7 +38,6 @@ import math
 from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.optimize import brentq
 
 from simbatch.config import Scenario
 from simbatch.config.cards import ModelCard
@@ -87,6 +86,8 @@ def lru_hit_rate(p: np.ndarray, slots: int) -> float:
         return 1.0
     if np.allclose(p, p[0]):
         return slots / n
+    from scipy.optimize import brentq  # only a closed form needs it: a run never imports scipy
+
     t = brentq(lambda t: np.sum(-np.expm1(-p * t)) - slots, 0.0, 1e3 * n / p.min())
     return float(np.sum(p * -np.expm1(-p * t)))
 
