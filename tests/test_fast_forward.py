@@ -133,20 +133,12 @@ def scenarios(draw) -> dict:
             "request_latency_ms": st.floats(0, 50), "response_latency_ms": st.floats(0, 50)}))),
         "sim": {"max_time_s": draw(st.one_of(st.none(), st.floats(1, 60)))},
     }
-    # A host KV tier behind the prefix cache: what the device evicts is loaded back, overlapped or not.
-    if caching and draw(st.booleans()):
-        scenario["kv_cache"] |= {"host_blocks": draw(st.integers(1, 2000)), "host_link_gb_s": draw(st.floats(0.5, 100)),
-                                 "host_load_overlap": draw(st.booleans()),
-                                 "kv_bytes_per_token": draw(st.sampled_from([4096.0, 131072.0]))}
-    # Multi-LoRA: adapters from Zipf or uniform popularity, fewer GPU slots than adapters or more.
-    if mode == "continuous" and draw(st.booleans()):
-        max_loras = draw(st.integers(1, 4))
-        scenario["lora"] = {"max_loras": max_loras, "max_cpu_loras": max_loras + draw(st.integers(0, 4)),
-                            "host_link_gb_s": draw(st.floats(1, 100)),
-                            "adapter_bytes": draw(st.sampled_from([1e6, 8.4e7, 1e9]))}
-        scenario["workload"]["adapters"] = {"count": draw(st.integers(1, 10)),
-                                            "popularity": draw(st.sampled_from(["zipf", "uniform"])),
-                                            "base_share": draw(st.sampled_from([0.0, 0.3]))}
+    # A host KV tier behind the prefix cache (its switch drawn above; it needs the cache), and multi-LoRA.
+    if caching and switched["kv_cache.host_blocks"]:
+        scenario["kv_cache"] |= switched["kv_cache.host_blocks"]
+    if switched["lora"]:
+        scenario["lora"] = {k: v for k, v in switched["lora"].items() if k != "adapters"}
+        scenario["workload"]["adapters"] = switched["lora"]["adapters"]
     return scenario
 
 

@@ -144,4 +144,4 @@ def hooks(features: list[Feature], name: str) -> tuple:
 
 def _load() -> None:
     """Import the feature modules, which register themselves."""
-    from simbatch.features import host_tier, lora, speculative  # noqa: F401
+    from simbatch.features import lora  # noqa: F401  (it imports the others first: speculative, host_tier)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from simbatch.config import Scenario
 from simbatch.features import Feature, register
+from simbatch.features import speculative as _registered_before  # noqa: F401  (registration order is fixed)
 from simbatch.model.cost import LinearCost
 
 if TYPE_CHECKING:
@@ -61,6 +62,8 @@ class HostKVTier(Feature):
     """``kv_cache.host_blocks``: what the prefix cache evicts is kept on the host and loaded back (module docstring)."""
 
     name = "host_kv_tier"
+    description = "What the prefix cache evicts is kept in host memory and loaded back over the host link."
+    switch = "kv_cache.host_blocks"
     columns = (("num_host_cached_tokens", "int64"),)
 
     def __init__(self, scenario: Scenario):

@@ -42,6 +42,7 @@ import numpy as np
 from simbatch.config import Scenario
 from simbatch.config.cards import ModelCard
 from simbatch.features import Feature, register
+from simbatch.features import host_tier as _registered_before  # noqa: F401  (registration order is fixed)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -105,6 +106,8 @@ class MultiLora(Feature):
     """``lora``: adapter slots on the GPU and the host, the max_loras rule, and loads (module docstring)."""
 
     name = "lora"
+    description = "Many LoRA adapters on one base model: max_loras per step, LRU slots, loads over the host link."
+    switch = "lora"
     columns = (("lora_id", "int32"), ("lora_loads", "int32"), ("lora_storage_loads", "int32"),
                ("lora_load_ms", "float64"))
 
