@@ -86,7 +86,7 @@ class _Adapters(Observer):
     def __init__(self):
         self.most = 0
 
-    def steps(self, replica, start_s, step_s, count, plan, done):
+    def step(self, replica, start_s, duration_s, plan, done):
         reqs = [*plan.decodes, *(r for r, _ in plan.slices)]
         self.most = max(self.most, len({r.lora_id for r in reqs if r.lora_id >= 0}))
 
