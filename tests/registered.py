@@ -13,7 +13,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 import simbatch.engine  # noqa: F401  (the shipped schedulers, twins and routers attach themselves)
-import simbatch.features.speculative  # noqa: F401  (the shipped serving features register themselves)
+import simbatch.features.lora  # noqa: F401  (the shipped serving features register themselves, lora last)
 from simbatch.registry import FEATURES, MODES, POLICIES, ROUTERS, Registry
 
 
@@ -52,9 +52,27 @@ def speculative(draw) -> dict:
     return spec
 
 
+@st.composite
+def host_tier(draw) -> dict:
+    """The ``kv_cache`` keys of a host KV tier (it needs prefix caching, which the scenario draws)."""
+    return {"host_blocks": draw(st.integers(1, 2000)), "host_link_gb_s": draw(st.floats(0.5, 100)),
+            "host_load_overlap": draw(st.booleans()), "kv_bytes_per_token": draw(st.sampled_from([4096.0, 131072.0]))}
+
+
+@st.composite
+def lora(draw) -> dict:
+    """A ``lora`` section and the ``workload.adapters`` its requests name (under ``adapters``): fewer GPU
+    slots than adapters or more, Zipf or uniform popularity, some requests for the base model or none."""
+    max_loras = draw(st.integers(1, 4))
+    return {"max_loras": max_loras, "max_cpu_loras": max_loras + draw(st.integers(0, 4)),
+            "host_link_gb_s": draw(st.floats(1, 100)), "adapter_bytes": draw(st.sampled_from([1e6, 8.4e7, 1e9])),
+            "adapters": {"count": draw(st.integers(1, 10)), "popularity": draw(st.sampled_from(["zipf", "uniform"])),
+                         "base_share": draw(st.sampled_from([0.0, 0.3]))}}
+
+
 # The shipped features that have a setting of their own: how to draw it, by the setting's dotted key.
 # A feature of one's own is turned on under `features` with one of its declared `examples`.
-OWN_SETTINGS = {"device.speculative": speculative}
+OWN_SETTINGS = {"device.speculative": speculative, "kv_cache.host_blocks": host_tier, "lora": lora}
 
 
 @st.composite
@@ -62,7 +80,7 @@ def features(draw, mode: str) -> dict[str, object]:
     """Which serving features a scenario of batching ``mode`` turns on, each by its switch: dotted key
     -> its setting (``device.speculative`` -> a mapping, ``features`` -> name -> options), every
     registered feature drawn on or off. Under a request-level mode, none."""
-    on: dict[str, object] = {"device.speculative": None, "features": {}}
+    on: dict[str, object] = {"device.speculative": None, "kv_cache.host_blocks": None, "lora": None, "features": {}}
     if not iteration_level(mode):
         return on
     for feature in FEATURES:

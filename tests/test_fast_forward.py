@@ -82,7 +82,7 @@ def scenarios(draw) -> dict:
     prefix = draw(st.one_of(st.none(), st.fixed_dictionaries({
         "shared_tokens": st.integers(0, 300), "share": st.sampled_from([0.0, 0.5, 1.0]),
         "multi_turn": st.booleans(), "max_context_tokens": st.integers(50, 3000)})))
-    return {
+    scenario = {
         "seed": draw(st.integers(0, 10_000)),
         "workload": {
             "num_requests": draw(st.integers(1, 120)),
@@ -133,6 +133,13 @@ def scenarios(draw) -> dict:
             "request_latency_ms": st.floats(0, 50), "response_latency_ms": st.floats(0, 50)}))),
         "sim": {"max_time_s": draw(st.one_of(st.none(), st.floats(1, 60)))},
     }
+    # A host KV tier behind the prefix cache (its switch drawn above; it needs the cache), and multi-LoRA.
+    if caching and switched["kv_cache.host_blocks"]:
+        scenario["kv_cache"] |= switched["kv_cache.host_blocks"]
+    if switched["lora"]:
+        scenario["lora"] = {k: v for k, v in switched["lora"].items() if k != "adapters"}
+        scenario["workload"]["adapters"] = switched["lora"]["adapters"]
+    return scenario
 
 
 @settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -375,8 +382,12 @@ def disaggregated(draw, base, exact: bool) -> dict:
     transfers last, when ``exact``, a multiple of 1/64 s (on step boundaries, as the steps of
     :func:`tie_scenarios` are) or the 125 ms latency alone."""
     scenario = draw(base)
+    # Multi-LoRA is refused on disaggregated pools; a decode replica has no prefix cache, hence no host tier.
+    scenario.pop("lora", None)
+    scenario["workload"] = {k: v for k, v in scenario["workload"].items() if k != "adapters"}
     batching = {**scenario["batching"], "mode": draw(modes(iteration_level=True))}
-    decode_kv = {**scenario["kv_cache"], "enable_prefix_caching": False,
+    decode_kv = {**{k: v for k, v in scenario["kv_cache"].items() if not k.startswith("host_")},
+                 "enable_prefix_caching": False,
                  "num_blocks": draw(st.integers(40, 3000))}
     decode_batching = {**batching, "max_num_seqs": draw(st.integers(1, min(24, batching["max_num_batched_tokens"])))}
     if exact:

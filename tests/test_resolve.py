@@ -40,6 +40,9 @@ CASES = {
                                                                             "max_num_batched_tokens": 1024}},
                                                   {"count": 1, "kv_cache": {"gpu_kv_cache_tokens": 50_000}}]}),
     "logged_tokens": validated(kv_cache={"gpu_kv_cache_tokens": 100_000}),
+    "tiers_and_adapters": validated(device={"preset": H100},
+                                    kv_cache={"enable_prefix_caching": True, "host_blocks": 1000, "dtype": "fp8"},
+                                    lora={"max_loras": 2}),
     "disaggregated": validated(device={"preset": H100}, kv_cache={"num_blocks": "auto"},
                                cluster={"disaggregated": {"prefill": {"count": 1, "device": {"preset": H200}},
                                                           "decode": {"count": 2},
@@ -153,7 +156,9 @@ def test_a_resolved_scenario_changed_is_resolved_anew():
 def test_the_steps_are_in_order():
     # Blocks from memory read the resolved devices; the KV transfer reads the prefill pool's preset.
     # vLLM's defaults come first: the blocks read the batching they set.
-    assert [s.__name__ for s in STEPS] == ["_vllm_defaults", "_device_costs", "_kv_blocks", "_kv_transfer"]
+    # The host tier and adapters come last: their KV bytes are for the cache its dtype resolved.
+    assert [s.__name__ for s in STEPS] == ["_vllm_defaults", "_device_costs", "_kv_blocks", "_kv_transfer",
+                                           "_tiers_and_adapters"]
 
 
 # --------------------------------------------------------------------------- who resolves

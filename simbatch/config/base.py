@@ -112,3 +112,10 @@ class _Model(BaseModel):
     # Every number is finite: an infinity or NaN is a typo that would surface much later, in a plot
     # or a verdict. The one setting where infinity means something (rate: inf) says so itself.
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+MIN_LINK_GB_S, MAX_LINK_GB_S = 1e-3, 1e5
+"""A KV link between 1 MB/s (a slow WAN) and 100 TB/s (fifty times NVLink 5's 1.8 TB/s per GPU)."""
+
+MAX_KV_BYTES_PER_TOKEN = 1e9
+"""One token's KV at most 1 GB (GPT-3 175B without grouped-query attention holds 4.7 MB per token)."""

@@ -13,7 +13,18 @@ from typing import Annotated
 
 from pydantic import Field, model_validator
 
-from simbatch.config.base import ClockMs, NonNegFloat, PosFloat, PosInt, Registered, _Model, seconds
+from simbatch.config.base import (
+    MAX_KV_BYTES_PER_TOKEN,
+    MAX_LINK_GB_S,
+    MIN_LINK_GB_S,
+    ClockMs,
+    NonNegFloat,
+    PosFloat,
+    PosInt,
+    Registered,
+    _Model,
+    seconds,
+)
 from simbatch.config.batching import Batching
 from simbatch.config.device import Device
 from simbatch.config.kv_cache import KVCache
@@ -44,11 +55,6 @@ class ReplicaSpec(_Model):
 MAX_TRANSFER_LATENCY_MS = 60_000.0
 """A KV transfer's fixed set-up at most a minute (RDMA and NVLink set-ups take microseconds to milliseconds)."""
 
-MIN_LINK_GB_S, MAX_LINK_GB_S = 1e-3, 1e5
-"""A KV link between 1 MB/s (a slow WAN) and 100 TB/s (fifty times NVLink 5's 1.8 TB/s per GPU)."""
-
-MAX_KV_BYTES_PER_TOKEN = 1e9
-"""One token's KV at most 1 GB (GPT-3 175B without grouped-query attention holds 4.7 MB per token)."""
 
 
 class KVTransfer(_Model):

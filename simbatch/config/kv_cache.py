@@ -12,12 +12,26 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
-from simbatch.config.base import CostMs, NonNegFloat, NonNegInt, PosInt, _Model
+from simbatch.config.base import (
+    MAX_KV_BYTES_PER_TOKEN,
+    MAX_LINK_GB_S,
+    MIN_LINK_GB_S,
+    CostMs,
+    NonNegFloat,
+    NonNegInt,
+    PosFloat,
+    PosInt,
+    _Model,
+)
 
 MAX_NUM_BLOCKS = 100_000_000
 """KV blocks on one device: a hundred times more than the largest GPU holds at block_size 1."""
+
+MAX_HOST_BLOCKS = 10_000_000
+"""Blocks in the host tier: 10^7 (160 GiB of llama-3.1-8b's KV at 16-token blocks; each held block costs
+the simulator about a hundred bytes, so the bound keeps a run under a gigabyte for them)."""
 
 MAX_KV_CACHE_TOKENS = 1_000_000_000
 """KV tokens on one device (vLLM's "GPU KV cache size"): a hundred times the largest GPU's."""
@@ -49,6 +63,29 @@ class KVCache(_Model):
         default=False, description="Keep computed blocks, keyed by their content, for later requests with the "
         "same prefix (vLLM's automatic prefix caching; continuous batching only)."
     )
+
+    host_blocks: NonNegInt = Field(
+        default=0, le=MAX_HOST_BLOCKS, description="Blocks of the host KV tier: what the prefix cache evicts is kept "
+        "in host memory and loaded back on a later hit (vLLM's --kv-offloading-size, in blocks: GiB x 2^30 / "
+        "(block_size x KV bytes per token); LMCache's CPU backend); 0: none. Needs enable_prefix_caching.")
+    host_link_gb_s: float | None = Field(
+        default=None, ge=MIN_LINK_GB_S, le=MAX_LINK_GB_S, description="GPU-host link the host tier loads over, "
+        "GB/s (PCIe Gen4 x16 about 25 in practice, Gen5 x16 about 50, NVLink-C2C about 400). Required with "
+        "host_blocks.")
+    host_load_overlap: bool = Field(
+        default=True, description="Loads from the host tier overlap the step's compute (layer by layer, as LMCache "
+        "and vLLM's offloading connector pipeline them): the step lasts the longer of the two; false: the load "
+        "comes first and adds its whole time.")
+    kv_bytes_per_token: PosFloat | None = Field(
+        default=None, le=MAX_KV_BYTES_PER_TOKEN, description="KV bytes one token caches on one GPU, for the host "
+        "tier's transfers; from device.preset when omitted (required without one).")
+
+    @model_validator(mode="after")
+    def _host_tier(self) -> KVCache:
+        if self.host_blocks and not self.enable_prefix_caching:
+            raise ValueError(f"host_blocks ({self.host_blocks}) keeps what the prefix cache evicts, but "
+                             "enable_prefix_caching is false; set enable_prefix_caching: true, or host_blocks: 0")
+        return self
 
     @field_validator("num_blocks", mode="before")
     @classmethod

@@ -23,6 +23,7 @@ from simbatch.config.device import Device
 from simbatch.config.frontend import Frontend
 from simbatch.config.kv_cache import KVCache
 from simbatch.config.lengths import Empirical
+from simbatch.config.lora import Lora
 from simbatch.config.metrics import Metrics
 from simbatch.config.provenance import Resolution
 from simbatch.config.scheduler import Scheduler
@@ -53,6 +54,7 @@ class Scenario(_Model):
         description="Serving features of your own (simbatch.features), each by its registered name, with its "
         "options (listed under Serving features). The shipped ones have settings of their own: device.speculative.",
     )
+    lora: Lora | None = Field(default=None, description="Multi-LoRA serving (vLLM's --enable-lora); off when omitted.")
 
     # Where relative paths (traces, empirical lengths) are resolved; set by the loader, not the YAML.
     _base_dir: Path | None = PrivateAttr(default=None)
@@ -123,6 +125,39 @@ class Scenario(_Model):
             raise ValueError("scheduler.async_scheduling with a request-level batching mode: it is how vLLM's "
                              "engine overlaps planning a step with running the last one; use batching.mode: "
                              "continuous, or set async_scheduling to false")
+        return self
+
+    @model_validator(mode="after")
+    def _tiers_and_adapters(self) -> Scenario:
+        """The host KV tier needs KV bytes per token, multi-LoRA an adapter size, from a preset or given; and
+        LoRA needs continuous batching on one pool of replicas."""
+        for where, _, cache, device, _ in sized_caches(self):
+            if cache.host_blocks and cache.kv_bytes_per_token is None and device.preset is None:
+                raise ValueError(f"{where}.host_blocks ({cache.host_blocks}) moves KV over the host link, and nothing "
+                                 "says how many bytes a token caches; give kv_cache.kv_bytes_per_token (e.g. 131072 "
+                                 "for llama-3.1-8b in bf16) or set device.preset")
+            if cache.host_blocks and cache.host_link_gb_s is None and device.preset is None:
+                raise ValueError(f"{where}.host_blocks ({cache.host_blocks}) needs the link its blocks load over, and "
+                                 "no device.preset names a GPU to take it from; give kv_cache.host_link_gb_s (e.g. 50 "
+                                 "for PCIe Gen5 x16)")
+        if self.workload.adapters is not None and self.lora is None:
+            raise ValueError("workload.adapters names LoRA adapters, but the server has no lora section; add lora "
+                             "(e.g. lora: {max_loras: 4, host_link_gb_s: 25}), or remove workload.adapters")
+        if self.lora is None:
+            return self
+        if self.lora.host_link_gb_s is None and self.device.preset is None:
+            raise ValueError("lora.host_link_gb_s is missing and no device.preset names a GPU to take it from; give "
+                             "lora.host_link_gb_s (e.g. 25 for PCIe Gen4 x16)")
+        if self.lora.adapter_bytes is None and self.device.preset is None:
+            raise ValueError("lora.adapter_bytes is missing and device.preset has no model card to size adapters "
+                             "from; give lora.adapter_bytes (e.g. 83886080: rank 16 on every module of "
+                             "llama-3.1-8b in bf16) or set device.preset")
+        if self.cluster.groups() is not None or self.cluster.disaggregated is not None:
+            raise ValueError("lora with cluster.replica_specs or cluster.disaggregated is not modelled; serve the "
+                             "adapters from identical replicas (cluster.replicas)")
+        if self.batching.mode != "continuous":
+            raise ValueError(f"lora with batching.mode {self.batching.mode}: the max_loras rule is vLLM V1's "
+                             "scheduler's; use batching.mode: continuous, or remove lora")
         return self
 
     @model_validator(mode="after")

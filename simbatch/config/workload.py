@@ -24,6 +24,7 @@ from simbatch.config.base import (
     _Model,
 )
 from simbatch.config.lengths import Fixed, LengthDist
+from simbatch.config.lora import Adapters
 
 
 class Arrival(_Model):
@@ -184,6 +185,8 @@ class Workload(_Model):
         default=None, description="Closed-loop users instead of an arrival process (set arrival to null): "
         "num_requests is the total they send, duration_s (if set) stops them sending."
     )
+    adapters: Adapters | None = Field(
+        default=None, description="The LoRA adapter each request names (needs the lora section); none when omitted.")
     prefix: Prefix | None = Field(
         default=None, description="Shared system prompt and multi-turn conversations (what prefix caching reuses)."
     )

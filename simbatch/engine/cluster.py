@@ -241,6 +241,8 @@ class Engine:
             req.prefix_stream, req.shared_prefix_tokens = stream, shared
         if self.workload.hashes is not None:
             req.block_hashes, req.hash_block_tokens = self.workload.hashes.of(i), self.workload.hashes.block_tokens
+        if self.workload.adapter is not None:
+            req.lora_id = int(self.workload.adapter[i])
         replica.submit(req, now_s)
         for o in self.observers:
             o.arrival(now_s, req)

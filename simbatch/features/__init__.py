@@ -28,6 +28,10 @@ Hooks (see :class:`Feature` for the exact contracts):
 - ``applied(req, n)`` when a step ends: of the ``n`` tokens a decode computed, how many it keeps and
   emits (speculative decoding: one plus the drafts accepted);
 - ``step_ms(plan)``: time the feature adds to a step (speculative decoding: the drafter's passes);
+- ``admits(req)`` in rule 3, before a waiting request's cache lookup: whether this step can take it
+  (multi-LoRA: at most ``max_loras`` adapters); a request it refuses is passed over, not waited for;
+- ``admitted(req)`` once rule 3 has admitted it, and ``left(req)`` when it leaves the running set
+  (finished, preempted, handed off);
 - ``summary(requests)``: the keys it adds to a run's summary, with vLLM's names.
 
 Prefix caching and disaggregated prefill/decode cut deeper: the one is how the KV manager keys and
@@ -52,7 +56,7 @@ if TYPE_CHECKING:
     from simbatch.config import Scenario
     from simbatch.model.step import StepPlan
 
-HOOKS = ("decode_tokens", "applied", "step_ms")
+HOOKS = ("decode_tokens", "applied", "step_ms", "admits", "admitted", "left")
 
 
 class Feature:
@@ -93,6 +97,20 @@ class Feature:
         return 0.0
 
     @staticmethod
+    def admits(self, req: Request) -> bool:
+        """Whether the step being planned can take ``req``, waiting, in rule 3 (checked before its
+        lookup and its blocks); a request refused is passed over, and later ones may be admitted."""
+        return True
+
+    def admitted(self, req: Request) -> None:
+        """Rule 3 admitted ``req`` into the step being planned (its blocks are allocated)."""
+        return None
+
+    def left(self, req: Request) -> None:
+        """``req`` left the running set: finished, preempted, or handed off to a decode replica."""
+        return None
+
+    @staticmethod
     def summary(requests: pd.DataFrame) -> dict[str, float]:
         """The keys the feature adds to a run's summary (over every request of the frame)."""
         return {}
@@ -126,4 +144,4 @@ def hooks(features: list[Feature], name: str) -> tuple:
 
 def _load() -> None:
     """Import the feature modules, which register themselves."""
-    from simbatch.features import speculative  # noqa: F401
+    from simbatch.features import lora  # noqa: F401  (it imports the others first: speculative, host_tier)

@@ -294,7 +294,77 @@ def _kv_transfer(scenario: Scenario, record: Record) -> Scenario:
         pools, kv_bytes_per_token=d.kv_bytes_per_token)))
 
 
-STEPS: tuple[Callable[[Scenario, Record], Scenario], ...] = (_vllm_defaults, _device_costs, _kv_blocks, _kv_transfer)
+# --------------------------------------------------------------------------- host tier and adapters
+def _host_link(d: Deployment, where: str, value: Any) -> Provenance:
+    """The GPU card's host link, as the preset's, or a failure saying what to give."""
+    if d.gpu.host_link_gb_s is None:
+        raise _Failed(where, f"{d.gpu.name}'s card gives no host link; give host_link_gb_s (e.g. 50 for PCIe "
+                             "Gen5 x16)", value)
+    return Provenance(d.gpu.host_link_gb_s, "preset", f"{d.gpu.name}'s host link")
+
+
+def _tiers_and_adapters(scenario: Scenario, record: Record) -> Scenario:
+    """Step 4: what the host KV tier and LoRA adapters move, and over what: a token's KV bytes (for the
+    cache's dtype) and the link from the preset's GPU card where a cache with ``host_blocks`` gives none;
+    an adapter's bytes from the preset's model card (:func:`simbatch.features.lora.lora_bytes`) and the
+    same link where ``lora`` gives none."""
+    cache, groups, failures = scenario.kv_cache, {}, []
+    for where, spec, given, device, _ in sized_caches(scenario):
+        if not given.host_blocks:
+            continue
+        taken = {}
+        for key in ("kv_bytes_per_token", "host_link_gb_s"):
+            if key in given.model_fields_set or device.preset is None:
+                record[f"{where}.{key}"] = Provenance(getattr(given, key), "explicit")
+                continue
+            d = deployment(device, given)
+            try:
+                how = _host_link(d, f"{where}.{key}", given.model_dump(exclude_unset=True)) \
+                    if key == "host_link_gb_s" else Provenance(d.kv_bytes_per_token, "preset", f"{d.name}: keys and "
+                                                               "values of every layer, one GPU's share")
+            except _Failed as failed:
+                failures.append(failed)
+                continue
+            record[f"{where}.{key}"] = how
+            if getattr(given, key) != how.value:
+                taken[key] = how.value
+        sized = _decided(given, **taken) if taken else given
+        if spec is None:
+            cache = sized
+        elif sized is not given:
+            groups[where.removesuffix(".kv_cache")] = _decided(spec, kv_cache=sized)
+    lora = scenario.lora
+    if lora is not None:
+        own = lora.model_fields_set if scenario.device.preset is not None else {"adapter_bytes", "host_link_gb_s"}
+        for key in own & {"adapter_bytes", "host_link_gb_s"}:
+            record[f"lora.{key}"] = Provenance(getattr(lora, key), "explicit")
+        taken = {}
+        if {"adapter_bytes", "host_link_gb_s"} - own:
+            from simbatch.features.lora import lora_bytes
+
+            d = deployment(scenario.device, scenario.kv_cache)
+            if "adapter_bytes" not in own:
+                taken["adapter_bytes"] = lora_bytes(d.model, lora.rank, lora.target_modules, d.tp)
+                record["lora.adapter_bytes"] = Provenance(taken["adapter_bytes"], "preset", f"{d.name}: rank "
+                                                          f"{lora.rank} on {', '.join(lora.target_modules)}, bf16")
+            if "host_link_gb_s" not in own:
+                try:
+                    record["lora.host_link_gb_s"] = _host_link(d, "lora.host_link_gb_s",
+                                                               lora.model_dump(exclude_unset=True))
+                    taken["host_link_gb_s"] = record["lora.host_link_gb_s"].value
+                except _Failed as failed:
+                    failures.append(failed)
+        changed = {k: v for k, v in taken.items() if getattr(lora, k) != v}
+        lora = _decided(lora, **changed) if changed else lora
+    if failures:
+        raise _invalid(failures)
+    out = _with_groups(scenario, groups)
+    changed = {k: v for k, v in (("kv_cache", cache), ("lora", lora)) if v is not getattr(scenario, k)}
+    return _decided(out, **changed) if changed else out
+
+
+STEPS: tuple[Callable[[Scenario, Record], Scenario], ...] = (_vllm_defaults, _device_costs, _kv_blocks, _kv_transfer,
+                                                              _tiers_and_adapters)
 """The steps of resolution, in order: each returns the scenario with what it decided, and records how."""
 
 

@@ -1,5 +1,7 @@
 """The paged KV cache: fixed-size blocks on the device and, for swap preemption, on the host.
 
+(The host KV tier, which keeps what the prefix cache evicts, is :mod:`simbatch.memory.host_tier`.)
+
 Every block has an identity, a number in ``0 .. num_blocks - 1``; a request holds a list of them
 (:attr:`~simbatch.model.request.Request.block_ids`). Which blocks a request gets does not change a run's
 timing today (paging leaves no external fragmentation, so only counts matter), but identities are
@@ -30,7 +32,8 @@ import numpy as np
 
 from simbatch.config import KVCache
 from simbatch.memory.blocks import BlockPool, blocks_for, peak_kv_tokens
-from simbatch.memory.prefix_cache import CachingBlockPool, Content
+from simbatch.memory.host_tier import HostTier
+from simbatch.memory.prefix_cache import CachingBlockPool, Content, iter_block_keys
 from simbatch.model.request import Request
 
 __all__ = ["BlockPool", "Content", "KVCacheManager", "blocks_for", "content_of", "lookup_blocks", "peak_kv_tokens"]
@@ -39,13 +42,15 @@ __all__ = ["BlockPool", "Content", "KVCacheManager", "blocks_for", "content_of",
 class KVCacheManager:
     """Device and host pools plus the per-request bookkeeping of who holds which blocks."""
 
-    __slots__ = ("block_size", "device", "host", "caching", "bulk", "_num_checks")
+    __slots__ = ("block_size", "device", "host", "host_tier", "caching", "bulk", "_num_checks")
 
     def __init__(self, cfg: KVCache):
         self.block_size = cfg.block_size
         self.caching = cfg.enable_prefix_caching
+        # The host KV tier (simbatch.memory.host_tier): what the prefix cache evicts, kept in host memory.
+        self.host_tier = HostTier(cfg.host_blocks) if self.caching and cfg.host_blocks else None
         if self.caching:
-            self.device: BlockPool = CachingBlockPool(cfg.num_blocks)
+            self.device: BlockPool = CachingBlockPool(cfg.num_blocks, self.host_tier)
         else:
             self.device = BlockPool(cfg.num_blocks)
         self.host = BlockPool(cfg.swap_blocks)
@@ -96,6 +101,31 @@ class KVCacheManager:
         never the block of the last known token, whose logits must be computed."""
         bs = self.block_size
         return self.device.lookup(content_of(req, bs), lookup_blocks(req, bs))
+
+    def host_prefix(self, req: Request, device_hits: int) -> int:
+        """Blocks the host tier holds right after ``req``'s first ``device_hits`` (those the device found),
+        up to the first it misses and short of the block of the last known token."""
+        bs = self.block_size
+        limit = lookup_blocks(req, bs)
+        if device_hits >= limit:
+            return 0
+        return self.host_tier.run(iter_block_keys(content_of(req, bs), device_hits, limit))
+
+    def load_from_host(self, req: Request, blocks: int) -> None:
+        """``req``, admitted on its cached prefix, loads the next ``blocks`` blocks from the host tier into
+        device blocks of its own (the caller checked they fit, :meth:`fits`): their tokens are computed,
+        and the tier's copies freed. They are published with the step's prefill, at its end."""
+        req.host_loaded_blocks = blocks
+        if not blocks:
+            return
+        bs = self.block_size
+        start = req.num_computed_tokens // bs
+        # Off the tier first: the device blocks they go to may evict others into it, which must not
+        # push these out.
+        self.host_tier.take(iter_block_keys(content_of(req, bs), start, start + blocks))
+        ids = self.allocate_slots(req, blocks * bs)
+        assert ids is not None, "a request was admitted without room for its blocks from the host"
+        req.num_computed_tokens += blocks * bs
 
     def fits(self, req: Request, hits: Sequence[int], num_new_tokens: int) -> bool:
         """Whether the free blocks cover admitting ``req`` on the cached ``hits`` to compute
@@ -229,6 +259,8 @@ class KVCacheManager:
             assert distinct + pool.num_free == pool.num_blocks, f"{name} blocks not conserved"
             if identities:
                 _check_identities(pool, ids, name)
+        if self.host_tier is not None:
+            self.host_tier.check()
 
 
 FULL_CHECK_BLOCKS = 64

@@ -21,6 +21,7 @@ from typing import NamedTuple
 import numpy as np
 
 from simbatch.memory.blocks import BlockPool
+from simbatch.memory.host_tier import HostTier
 
 SYSTEM_PROMPT = -1
 """The stream of the shared system prompt's blocks, whichever request holds them."""
@@ -81,6 +82,12 @@ def _hashed_spans(content: Content, start: int, stop: int):
 def _key(stream: int, position: int) -> int:
     """A key as one number: the stream in the high bits, position + 1 in the low 32 (0: no key)."""
     return (stream << 32) + position + 1
+
+
+def iter_block_keys(content: Content, start: int, stop: int):
+    """The keys of ``content``'s blocks ``start .. stop - 1`` as numbers (:func:`_key`), one at a time:
+    what a host tier holds (:mod:`simbatch.memory.host_tier`)."""
+    return (_key(*block_key(content, i)) for i in range(start, stop))
 
 
 _LOOP = 8
@@ -154,13 +161,15 @@ class CachingBlockPool(BlockPool):
     """
 
     __slots__ = ("_streams", "_num_streams_kept", "_ref", "_key", "_queue_seq", "_queue", "_places", "_head",
-                 "_tail")
+                 "_tail", "spill")
 
     QUEUE_SLACK = 1024  # the queue holds up to 3 x num_blocks + QUEUE_SLACK entries, stale ones included
     FIRST_PLACES = 4096  # the queue's places are listed this far at first (see _make_room)
 
-    def __init__(self, num_blocks: int):
+    def __init__(self, num_blocks: int, spill: HostTier | None = None):
         super().__init__(num_blocks)
+        # Where evicted blocks' content goes (a host tier, simbatch.memory.host_tier), or None: lost.
+        self.spill = spill
         self._streams: dict[int, _Index] = {}
         self._num_streams_kept = 0  # streams after the last sweep (_forget_dead_streams)
         # Zero-filled arrays cost nothing until touched, as never-used blocks must.
@@ -202,6 +211,8 @@ class CachingBlockPool(BlockPool):
                     self._head = h + n
                     self.num_free -= n
                     ref, key = self._ref, self._key
+                    if self.spill is not None:
+                        self._spill(head)
                     for block in head:
                         ref[block] = 1
                         key[block] = 0  # evicted: what it held is gone
@@ -216,8 +227,16 @@ class CachingBlockPool(BlockPool):
                 return list(range(first, first + n))
         taken = self._dequeue(n - unused)
         self._ref[taken] = 1
+        if self.spill is not None:
+            self._spill(taken)
         self._key[taken] = 0
         return [*range(first, first + unused), *taken.tolist()] if unused else taken.tolist()
+
+    def _spill(self, taken) -> None:
+        """The cached among blocks ``taken`` (off the queue, least recently freed first) are evicted:
+        their content goes to the host tier, in that order."""
+        keys = self._key[taken]
+        self.spill.store(keys[keys != 0].tolist())
 
     def _dequeue(self, n: int) -> np.ndarray:
         """The ``n`` least recently freed blocks, off the queue (which holds at least n live entries);

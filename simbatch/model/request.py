@@ -59,7 +59,17 @@ class Request:
     # A trace's content ids, one per hash_block_tokens of the prompt (Mooncake's hash_ids); None: none.
     block_hashes: Any = None
     hash_block_tokens: int = 0
-    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at its first admission
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at its first admission (either tier)
+    # The host KV tier (simbatch.memory.host_tier): of those, the tokens loaded from host memory; and the
+    # blocks its latest admission loaded (the KV manager's, read by the tier's feature for the step's time).
+    num_host_cached_tokens: int = 0
+    host_loaded_blocks: int = 0
+    # Multi-LoRA (simbatch.features.lora): its adapter (-1: the base model), and the time its adapter's
+    # loads added to its first steps (0 when the adapter was on the GPU already), ms.
+    lora_id: int = -1
+    lora_loads: int = 0  # adapter loads its admissions caused (of them, read from storage first)
+    lora_storage_loads: int = 0
+    lora_load_ms: float = 0.0
     # Disaggregated decode side: its prompt's KV is still on its prefill replica (simbatch.engine.disaggregated).
     remote_kv: bool = False
     num_published_blocks: int = 0  # leading blocks offered to the prefix cache (KV manager's bookkeeping)

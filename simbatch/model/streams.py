@@ -20,6 +20,7 @@ SHARED_PREFIX = 6
 SPECULATIVE = 7
 DECODE_ROUTING = 8
 DATASET_ROWS = 9  # rows of a paired dataset (workload.shapes.PAIRED): one draw for prompts and outputs
+ADAPTERS = 10  # the LoRA adapter each request names (workload.adapters)
 
 
 def rng(seed: int, stream: int, *sub: int) -> np.random.Generator:

@@ -90,6 +90,9 @@ class ContinuousScheduler(BaseScheduler):
         self.repeatable = all(f.repeatable for f in self.features)
         self._decode_tokens = hooks(self.features, "decode_tokens")
         self._applied = hooks(self.features, "applied")
+        self._admits = hooks(self.features, "admits")
+        self._admitted = hooks(self.features, "admitted")
+        self._left = hooks(self.features, "left")
         # Planning state of the step being built.
         self._sched: dict[Request, int] = {}
         self._budget = 0
@@ -299,6 +302,8 @@ class ContinuousScheduler(BaseScheduler):
         """RUNNING -> WAITING, with its KV swapped to the host if possible, else dropped for recompute."""
         self.running.remove(victim)
         self._prefilling.pop(victim, None)
+        for hook in self._left:
+            hook(victim)
         if victim in self._sched:
             self._budget += self._sched.pop(victim)
         self.waiting.on_release(victim)
@@ -337,13 +342,22 @@ class ContinuousScheduler(BaseScheduler):
                     break
                 self._start_transfer(waiting.pop(), now)
                 continue
-            # Prefix caching: a request with nothing computed starts from the cached blocks of its prefix.
-            hits = kv.cached_prefix(req) if kv.caching and not req.num_computed_tokens and \
-                not req.swapped_blocks else ()
-            n = self._chunk(req, len(hits) * kv.block_size)
+            if self._admits and not full and not all(ok(req) for ok in self._admits):
+                # A feature's rule refuses it this step (max_loras): vLLM skips it, whatever the policy.
+                if passed_over is None:
+                    passed_over = []
+                passed_over.append(waiting.pop())
+                continue
+            # Prefix caching: a request with nothing computed starts from the cached blocks of its prefix,
+            # on the device, then in the host tier (loaded into blocks of its own).
+            lookup = kv.caching and not req.num_computed_tokens and not req.swapped_blocks
+            hits = kv.cached_prefix(req) if lookup else ()
+            host = kv.host_prefix(req, len(hits)) if lookup and kv.host_tier is not None else 0
+            load = host * kv.block_size
+            n = self._chunk(req, len(hits) * kv.block_size + load)
             if n == 0 or full or not (
-                    kv.fits(req, hits, n) if len(hits) else
-                    blocks_for(req.num_computed_tokens + n, kv.block_size) <= kv.device.num_free):
+                    kv.fits(req, hits, load + n) if len(hits) else
+                    blocks_for(req.num_computed_tokens + load + n, kv.block_size) <= kv.device.num_free):
                 if n and self.evicts_at_admission and self._evict_for(req, now, plan):
                     continue
                 if self.head_of_line_blocking or full or not kv.device.num_free:
@@ -355,8 +369,11 @@ class ContinuousScheduler(BaseScheduler):
             waiting.pop()
             if len(hits):
                 kv.use_cached(req, hits)
+            if kv.host_tier is not None:
+                kv.load_from_host(req, host)
             if req.num_preemptions == 0:
-                req.num_cached_tokens = len(hits) * kv.block_size
+                req.num_cached_tokens = len(hits) * kv.block_size + load
+                req.num_host_cached_tokens = load
             if req.swapped_blocks:
                 plan.swap_blocks += req.swapped_blocks
                 # Cannot fail: the swapped blocks hold its computed tokens, fewer than the check counted.
@@ -368,6 +385,8 @@ class ContinuousScheduler(BaseScheduler):
                 self._prefilling[req] = None
             plan.admit(req)
             self._take(req, n)
+            for hook in self._admitted:
+                hook(req)
         if passed_over:
             for req in passed_over:  # back in their places: their keys are unchanged
                 waiting.push(req)
@@ -415,6 +434,8 @@ class ContinuousScheduler(BaseScheduler):
         self.waiting.on_release(req)
         self.running.remove(req)
         self._sending[req] = None
+        for hook in self._left:
+            hook(req)
 
     def release_sent(self, req: Request) -> None:
         """``req``'s KV has reached its decode replica: free its blocks here."""
@@ -481,6 +502,11 @@ class ContinuousScheduler(BaseScheduler):
         elif req.num_generated >= req.output_tokens:
             self._retire(req, end_s)
             outcome.finished.append(req)
+
+    def _retire(self, req: Request, end_s: float) -> None:
+        super()._retire(req, end_s)
+        for hook in self._left:
+            hook(req)
 
     def _drop_finished(self, finished: list[Request]) -> None:
         """Take the step's finished requests out of the running set and release them (with async

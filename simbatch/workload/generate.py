@@ -20,6 +20,7 @@ from simbatch.config import RequestClass, Scenario
 from simbatch.config.problems import Problem, ScenarioError
 from simbatch.model import streams
 from simbatch.model.clock import MAX_ARRIVAL_S, snap_s
+from simbatch.workload.adapters import adapter_ids
 from simbatch.workload.arrivals import arrival_times
 from simbatch.workload.lengths import paired, sample_lengths
 from simbatch.workload.prefix import OWN_STREAM, apply_prefix, trace_prefix
@@ -46,6 +47,7 @@ class WorkloadArrays:
     prefix_stream: np.ndarray | None = None  # int64 conversation ids, or OWN_STREAM
     shared_prefix_tokens: np.ndarray | None = None  # int64 tokens of the shared system prompt, or 0
     hashes: BlockHashes | None = None  # a trace's content ids per block of each prompt (Mooncake's hash_ids)
+    adapter: np.ndarray | None = None  # int32 LoRA adapter ids, -1 the base model (simbatch.workload.adapters)
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)
@@ -57,7 +59,8 @@ class WorkloadArrays:
         if self.shared_prefix_tokens is None:
             object.__setattr__(self, "shared_prefix_tokens", np.broadcast_to(np.int64(0), (n,)))
         columns = (self.arrival_s, self.prompt_tokens, self.output_tokens, self.tenant, self.priority,
-                   self.session, self.prefix_stream, self.shared_prefix_tokens)
+                   self.session, self.prefix_stream, self.shared_prefix_tokens,
+                   *(() if self.adapter is None else (self.adapter,)))
         if len({len(c) for c in columns}) != 1 or self.hashes is not None and len(self.hashes) != n:
             raise ValueError(f"workload columns differ in length: {[len(c) for c in columns]}")
         for c in columns:
@@ -169,6 +172,8 @@ def generate(scenario: Scenario) -> WorkloadArrays:
         sessions = session if session is not None else np.arange(len(arrival_s), dtype=np.int64)
         prompt_tokens, prefix_stream, shared_prefix_tokens = apply_prefix(
             wl.prefix, prompt_tokens, output_tokens, sessions, streams.rng(seed, streams.SHARED_PREFIX))
+    adapter = None if wl.adapters is None else \
+        adapter_ids(wl.adapters, len(arrival_s), streams.rng(seed, streams.ADAPTERS))
     return WorkloadArrays(
         arrival_s=snap_s(arrival_s),  # the clock's grid: what the engine sees is what the frames report
         prompt_tokens=prompt_tokens,
@@ -180,4 +185,5 @@ def generate(scenario: Scenario) -> WorkloadArrays:
         prefix_stream=prefix_stream,
         shared_prefix_tokens=shared_prefix_tokens,
         hashes=hashes,
+        adapter=adapter,
     )

@@ -351,13 +351,16 @@ class LockstepScheduler(ContinuousScheduler):
         """New arrivals cannot be admitted mid-run when every slot is taken, or, under a policy in
         arrival order (``arrival_order``: FCFS) with head-of-line blocking, when an older request
         already waits at the head (it could not be admitted and, with blocks only shrinking, still
-        cannot; a newcomer may not overtake it). A policy that evicts at admission (priority) may evict
+        cannot; a newcomer may not overtake it), unless a feature's rule may have skipped the head
+        (``admits``: then a newcomer may pass it). A policy that evicts at admission (priority) may evict
         for a newcomer, so it always replans, as does a decode replica that a transfer has just
         delivered to (the newcomer decodes from the next step)."""
         if self.evicts_at_admission or self._delivered or self.async_scheduling:
             return False  # (async scheduling: the arrival is seen a plan later, which must be made)
-        return len(self.running) >= self.max_num_seqs or \
-            (self._arrival_order and self.head_of_line_blocking and self._waiting_at_plan > 0)
+        if len(self.running) >= self.max_num_seqs:
+            return True
+        # A feature's admission rule (max_loras) skips the head for reasons a newcomer may not share.
+        return self._arrival_order and self.head_of_line_blocking and self._waiting_at_plan > 0 and not self._admits
 
     def kv_blocks_during(self, i: int) -> int:
         return self._plan_used + self._group_blocks(self.clock + 1, self.clock + i)
