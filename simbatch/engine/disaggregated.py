@@ -35,6 +35,7 @@ from simbatch.model import streams
 from simbatch.model.clock import NS_PER_S, Urgent, to_ns
 from simbatch.model.request import Request
 from simbatch.model.step import StepPlan
+from simbatch.observe.observers import Observer
 from simbatch.observe.recorder import Recorder
 
 
@@ -56,6 +57,8 @@ class Dispatcher:
             replica.pool = self.features[replica.index].pool = \
                 "prefill" if replica.index < pools.prefill.count else "decode"
             replica.dispatcher = self
+        # Who listens to each replica's transfers (Observer.transfer; the recorder first).
+        self._listeners = [tuple(o for o in r.observers if type(o).transfer is not Observer.transfer) for r in replicas]
         self.router = make_router(scenario, session, pools.decode_router, streams.DECODE_ROUTING)
         self.link = pools.kv_transfer
         self.kv_bytes_per_token = pools.kv_bytes_per_token  # resolved: from the prefill pool's preset if not given
@@ -79,7 +82,7 @@ class Dispatcher:
             for req in feature.transfers:
                 duration = self.transfer_ns(req.prompt_tokens)
                 self._instant(now_ns + duration)[0].append(req)
-                for o in replica.transfer_observers:
+                for o in self._listeners[index]:
                     o.transfer(now_s, index, req, duration / NS_PER_S)
             feature.transfers.clear()
         if feature.pool == "prefill" and plan.__class__ is StepPlan:

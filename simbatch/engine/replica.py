@@ -71,7 +71,6 @@ class Replica:
         self.run_observers = tuple(o for o in self.step_observers if o.takes_runs)
         self.single_step_observers = tuple(o for o in self.step_observers if not o.takes_runs)
         self.move_observers = tuple(o for o in observers if _overrides(o, "admission") or _overrides(o, "preemption"))
-        self.transfer_observers = tuple(o for o in observers if _overrides(o, "transfer"))
         self.check = check_invariants
         self.step = 0
         self._wake: simpy.Event | None = None  # set while sleeping, or holding the GPU for a run of steps

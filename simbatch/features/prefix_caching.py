@@ -77,16 +77,16 @@ class PrefixCaching(Feature):
         among the device's hits: then it shares the hits, loads the host's, and at its first admission
         counts both as its cached tokens (the host's apart too, vLLM's external hits)."""
         kv, hits, bs = self.kv, self._hits, self.kv.block_size
-        load = self._host * bs
-        if not (kv.fits(req, hits, load + num_new_tokens) if len(hits) else
+        found, load = len(hits), self._host * bs
+        if not (kv.fits(req, hits, load + num_new_tokens) if found else
                 blocks_for(req.num_computed_tokens + load + num_new_tokens, bs) <= kv.device.num_free):
             return False
-        if len(hits):
+        if found:
             kv.use_cached(req, hits)
         if kv.host_tier is not None:
             kv.load_from_host(req, self._host)
         if req.num_preemptions == 0:
-            req.num_cached_tokens = len(hits) * bs + load
+            req.num_cached_tokens = found * bs + load
             req.num_host_cached_tokens = load
         return True
 
