@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-import simbatch.features.lora  # noqa: F401  (the shipped serving features register themselves, lora last)
+import simbatch.features.disaggregation  # noqa: F401  (the shipped serving features register themselves)
 from simbatch.config import LengthDist, Scenario
 from simbatch.config.base import Registered
 from simbatch.registry import FEATURES

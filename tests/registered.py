@@ -13,7 +13,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 import simbatch.engine  # noqa: F401  (the shipped schedulers, twins and routers attach themselves)
-import simbatch.features.lora  # noqa: F401  (the shipped serving features register themselves, lora last)
+import simbatch.features.disaggregation  # noqa: F401  (the shipped serving features register themselves)
 from simbatch.registry import FEATURES, MODES, POLICIES, ROUTERS, Registry
 
 
@@ -54,7 +54,7 @@ def speculative(draw) -> dict:
 
 @st.composite
 def host_tier(draw) -> dict:
-    """The ``kv_cache`` keys of a host KV tier (it needs prefix caching, which the scenario draws)."""
+    """The ``kv_cache`` keys of a host KV tier (it needs prefix caching, drawn beside it)."""
     return {"host_blocks": draw(st.integers(1, 2000)), "host_link_gb_s": draw(st.floats(0.5, 100)),
             "host_load_overlap": draw(st.booleans()), "kv_bytes_per_token": draw(st.sampled_from([4096.0, 131072.0]))}
 
@@ -70,21 +70,44 @@ def lora(draw) -> dict:
                          "base_share": draw(st.sampled_from([0.0, 0.3]))}}
 
 
-# The shipped features that have a setting of their own: how to draw it, by the setting's dotted key.
-# A feature of one's own is turned on under `features` with one of its declared `examples`.
-OWN_SETTINGS = {"device.speculative": speculative, "kv_cache.host_blocks": host_tier, "lora": lora}
+def prefix_caching():
+    """``kv_cache.enable_prefix_caching`` on (the scenario draws the shared prefixes it finds)."""
+    return st.just(True)
 
 
 @st.composite
-def features(draw, mode: str) -> dict[str, object]:
+def disaggregated(draw) -> dict:
+    """``cluster.disaggregated``'s shape: one or two replicas a pool, the decode pool with its own
+    slots and blocks (a fraction of the tokens budget, and a count), routed by any router; the link is
+    the test's (its transfers' lengths decide whether they fall on step boundaries)."""
+    return {"prefill": draw(st.integers(1, 2)), "decode": draw(st.integers(1, 2)),
+            "decode_num_blocks": draw(st.integers(40, 3000)), "decode_seqs": draw(st.integers(1, 24)),
+            "decode_router": draw(routers())}
+
+
+# The shipped features that have a setting of their own: how to draw it, by the setting's dotted key.
+# A feature of one's own is turned on under `features` with one of its declared `examples`.
+OWN_SETTINGS = {"device.speculative": speculative, "kv_cache.enable_prefix_caching": prefix_caching,
+                "kv_cache.host_blocks": host_tier, "lora": lora, "cluster.disaggregated": disaggregated}
+# Features turned on by a setting of the cluster's: they change what the replicas are, and are drawn
+# by the tests of such clusters (features(cluster=True)) rather than by every scenario.
+CLUSTER_SETTINGS = ("cluster.disaggregated",)
+
+
+@st.composite
+def features(draw, mode: str, cluster: bool = False) -> dict[str, object]:
     """Which serving features a scenario of batching ``mode`` turns on, each by its switch: dotted key
     -> its setting (``device.speculative`` -> a mapping, ``features`` -> name -> options), every
-    registered feature drawn on or off. Under a request-level mode, none."""
-    on: dict[str, object] = {"device.speculative": None, "kv_cache.host_blocks": None, "lora": None, "features": {}}
+    registered feature drawn on or off. Under a request-level mode, none. ``cluster``: the features a
+    cluster setting turns on (``CLUSTER_SETTINGS``) instead, each always on (a test of such clusters
+    draws them)."""
+    on: dict[str, object] = {"device.speculative": None, "kv_cache.enable_prefix_caching": False,
+                             "kv_cache.host_blocks": None, "lora": None,
+                             "cluster.disaggregated": None, "features": {}}
     if not iteration_level(mode):
         return on
     for feature in FEATURES:
-        if not draw(st.booleans()):
+        if (feature.switch in CLUSTER_SETTINGS) != cluster or not (cluster or draw(st.booleans())):
             continue
         if feature.switch == "features":
             on["features"][feature.name] = draw(st.sampled_from(feature.examples))

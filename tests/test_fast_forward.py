@@ -73,12 +73,12 @@ def scenarios(draw) -> dict:
     per_step = iteration_level(mode)
     max_num_seqs = draw(st.integers(1, 24))
     policy = draw(policies())
-    # Prefix caching (continuous only): a shared system prompt, conversations, or both, in caches
-    # from cramped (evicting all the time) to ample.
-    caching = per_step and draw(st.booleans())
-    # Speculative decoding (continuous only): the acceleration declines behind its seam, and the
-    # random acceptances must come out alike whichever engine draws them.
+    # The serving features, from the registry (iteration-level modes only): prefix caching on a
+    # shared system prompt, conversations, or both, in caches from cramped (evicting all the time) to
+    # ample; speculative decoding, whose random acceptances must come out alike whichever engine
+    # draws them; a feature of one's own.
     switched = draw(features(mode))
+    caching = switched["kv_cache.enable_prefix_caching"]
     prefix = draw(st.one_of(st.none(), st.fixed_dictionaries({
         "shared_tokens": st.integers(0, 300), "share": st.sampled_from([0.0, 0.5, 1.0]),
         "multi_turn": st.booleans(), "max_context_tokens": st.integers(50, 3000)})))
@@ -386,21 +386,21 @@ def disaggregated(draw, base, exact: bool) -> dict:
     scenario.pop("lora", None)
     scenario["workload"] = {k: v for k, v in scenario["workload"].items() if k != "adapters"}
     batching = {**scenario["batching"], "mode": draw(modes(iteration_level=True))}
+    shape = draw(features(batching["mode"], cluster=True))["cluster.disaggregated"]  # the registry's draw
     decode_kv = {**{k: v for k, v in scenario["kv_cache"].items() if not k.startswith("host_")},
-                 "enable_prefix_caching": False,
-                 "num_blocks": draw(st.integers(40, 3000))}
-    decode_batching = {**batching, "max_num_seqs": draw(st.integers(1, min(24, batching["max_num_batched_tokens"])))}
+                 "enable_prefix_caching": False, "num_blocks": shape["decode_num_blocks"]}
+    decode_batching = {**batching, "max_num_seqs": min(shape["decode_seqs"], batching["max_num_batched_tokens"])}
     if exact:
         bytes_per_token, gb_per_s = draw(st.sampled_from([(15_625_000, 1.0), (1, 1000.0)]))
         latency_ms = draw(st.sampled_from([0.0, 125.0]))
     else:
         bytes_per_token, gb_per_s = draw(st.floats(1e3, 1e6)), draw(st.floats(0.1, 100))
         latency_ms = draw(st.floats(0, 50))
-    pools = {"prefill": {"count": draw(st.integers(1, 2))},
-             "decode": {"count": draw(st.integers(1, 2)), "kv_cache": decode_kv, "batching": decode_batching},
+    pools = {"prefill": {"count": shape["prefill"]},
+             "decode": {"count": shape["decode"], "kv_cache": decode_kv, "batching": decode_batching},
              "kv_transfer": {"bandwidth_gb_s": gb_per_s, "latency_ms": latency_ms},
              "kv_bytes_per_token": bytes_per_token,
-             "decode_router": draw(routers())}
+             "decode_router": shape["decode_router"]}
     cluster = {"router": scenario["cluster"]["router"], "disaggregated": pools}
     return {**scenario, "batching": batching, "cluster": cluster}
 

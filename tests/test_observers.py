@@ -71,6 +71,10 @@ class EventLog(Observer):
     def preemption(self, t_s, replica, request, swapped, kv_blocks, computed_tokens):
         self.events[replica].append(("preempted", t_s, request.request_id, swapped, kv_blocks, computed_tokens))
 
+    def transfer(self, t_s, replica, request, duration_s):
+        self.events[replica].append(("transfer", t_s, request.request_id, request.replica, duration_s,
+                                     request.num_computed_tokens, request.num_generated))
+
     def step(self, replica, start_s, duration_s, plan, done):
         # A step's membership is a set: the order of its decodes is each engine's own (the lockstep twin
         # keeps its group in its own order).
@@ -190,9 +194,39 @@ def test_both_engines_tell_each_replica_the_same_events(case):
         # Steps are told in order, back to back or after idling; the plan's moves at its step's start.
         for (_, s0, d0, *_), (_, s1, *_) in zip(steps, steps[1:], strict=False):
             assert s1 >= s0 + d0 - 1e-12
+        # (A transfer may be started by a plan with nothing to run: the replica idles after it.)
         for before, after in zip(events, events[1:], strict=False):
             if before[0] != "step" and after[0] == "step":
-                assert after[1] == before[1]
+                assert after[1] == before[1] or before[0] == "transfer" and after[1] > before[1]
+
+
+def test_a_decode_replica_is_told_of_each_transfer_before_it_steps_the_request():
+    # On a decode replica a request is neither admitted nor arrived: its KV comes from a prefill replica,
+    # and the transfer is what tells the replica's observers it holds the request.
+    fast, log, _ = assert_told_alike(variant(**VARIANTS["disaggregated"]))
+    rq = fast.requests.set_index("request_id")
+    transfers = {}
+    for replica in (1, 2):  # the decode pool
+        told = set()
+        for e in log.events[replica]:
+            if e[0] == "transfer":
+                _, t_s, i, source, duration_s, computed, generated = e
+                assert i not in transfers and source == 0  # once, from the prefill replica
+                assert (computed, generated) == (rq.loc[i, "prompt_tokens"], 1)  # the prompt's KV, one token
+                transfers[i] = (replica, t_s, duration_s)
+                told.add(i)
+            elif e[0] == "step":
+                members = {i for i, _ in e[4]}
+                assert members <= told | {a[2] for a in log.events[replica] if a[0] == "admitted"}
+                for i in members & transfers.keys():
+                    assert e[1] >= transfers[i][1] + transfers[i][2] - 1e-12  # it decodes once its KV is in
+    assert len(transfers) > 0 and not any(e[0] == "transfer" for e in log.events[0])
+    # What the recorder keeps of them, as every observer is told them.
+    for i, (replica, t_s, duration_s) in transfers.items():
+        assert rq.loc[i, "decode_replica"] == replica
+        assert rq.loc[i, "kv_transfer_s"] == duration_s
+        assert rq.loc[i, "decode_queue_s"] == t_s - rq.loc[i, "first_token_s"]
+    assert set(transfers) == set(rq.index[rq["kv_transfer_s"].notna()])
 
 
 def test_a_preempted_request_is_told_what_it_held():

@@ -279,12 +279,6 @@ def summarize(scenario: Scenario, requests: pd.DataFrame, iterations: pd.DataFra
     out["num_preemptions"] = int(requests["num_preemptions"].sum())
     if scenario.cluster.disaggregated is not None:
         out |= pool_summary(scenario, done, iterations, end_s)
-    if any(s.kv_cache.enable_prefix_caching for s in replica_scenarios(scenario)):
-        admitted = requests["first_scheduled_s"].notna().to_numpy()
-        out["prefix_cache_queries"] = int(requests["prompt_tokens"].to_numpy()[admitted].sum())
-        out["prefix_cache_hits"] = int(requests["num_cached_tokens"].to_numpy()[admitted].sum())
-        queries = out["prefix_cache_queries"]
-        out["prefix_cache_hit_rate"] = out["prefix_cache_hits"] / queries if queries else math.nan
     for feature in feature_classes(replica_scenarios(scenario)):
         out |= feature.summary(requests)
     pools = scenario.cluster.disaggregated

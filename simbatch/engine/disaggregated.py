@@ -30,9 +30,12 @@ import simpy
 
 from simbatch.config import Scenario
 from simbatch.engine.router import make_router
+from simbatch.features.disaggregation import Disaggregation
 from simbatch.model import streams
 from simbatch.model.clock import NS_PER_S, Urgent, to_ns
 from simbatch.model.request import Request
+from simbatch.model.step import StepPlan
+from simbatch.observe.observers import Observer
 from simbatch.observe.recorder import Recorder
 
 
@@ -48,11 +51,14 @@ class Dispatcher:
         pools = scenario.cluster.disaggregated
         self.env, self.replicas, self.recorder = env, replicas, recorder
         self.prefill, self.decode = replicas[:pools.prefill.count], replicas[pools.prefill.count:]
-        for replica in self.prefill:
-            replica.pool, replica.dispatcher = "prefill", self
-            replica.scheduler.hands_off = True
-        for replica in self.decode:
-            replica.pool, replica.dispatcher = "decode", self
+        # Each replica's side of the hand-off (simbatch.features.disaggregation), told its pool.
+        self.features = [next(f for f in r.scheduler.features if isinstance(f, Disaggregation)) for r in replicas]
+        for replica in replicas:
+            replica.pool = self.features[replica.index].pool = \
+                "prefill" if replica.index < pools.prefill.count else "decode"
+            replica.dispatcher = self
+        # Who listens to each replica's transfers (Observer.transfer; the recorder first).
+        self._listeners = [tuple(o for o in r.observers if type(o).transfer is not Observer.transfer) for r in replicas]
         self.router = make_router(scenario, session, pools.decode_router, streams.DECODE_ROUTING)
         self.link = pools.kv_transfer
         self.kv_bytes_per_token = pools.kv_bytes_per_token  # resolved: from the prefill pool's preset if not given
@@ -66,17 +72,24 @@ class Dispatcher:
         return max(1, to_ns(self.link.seconds_for(prompt_tokens * self.kv_bytes_per_token)))
 
     # ---------------------------------------------------------------- told by the replicas
-    def first_tokens(self, requests: list[Request], end_ns: int) -> None:
-        """A prefill step that ends at ``end_ns`` samples these requests' first tokens."""
-        self._instant(end_ns)[1].extend(requests)
-
-    def start_transfer(self, req: Request, now_ns: int) -> None:
-        """A decode replica reserved ``req``'s blocks: its KV starts moving."""
-        duration = self.transfer_ns(req.prompt_tokens)
-        self._instant(now_ns + duration)[0].append(req)
-        rec, i = self.recorder, req.request_id
-        rec.kv_transfer_s[i] = duration / NS_PER_S
-        rec.decode_queue_s[i] = now_ns / NS_PER_S - req.first_token_s
+    def planned(self, replica, plan, now_ns: int) -> None:
+        """``replica`` planned its next step (or idles) at ``now_ns``: time the KV transfers its plan
+        started (a decode replica reserved their blocks), telling its observers of each, and, for a
+        prefill step, note the first tokens it will sample at its end, which hand those requests over."""
+        feature = self.features[replica.index]
+        if feature.transfers:
+            now_s, index = now_ns / NS_PER_S, replica.index
+            for req in feature.transfers:
+                duration = self.transfer_ns(req.prompt_tokens)
+                self._instant(now_ns + duration)[0].append(req)
+                for o in self._listeners[index]:
+                    o.transfer(now_s, index, req, duration / NS_PER_S)
+            feature.transfers.clear()
+        if feature.pool == "prefill" and plan.__class__ is StepPlan:
+            firsts = [req for req, n in plan.slices if req.prefill_pending and req.output_tokens > 1
+                      and req.num_computed_tokens + n >= req.prompt_tokens + req.num_generated]
+            if firsts:
+                self._instant(now_ns + replica.step_duration_ns(plan))[1].extend(firsts)
 
     # ---------------------------------------------------------------- the events
     def _instant(self, t_ns: int) -> tuple[list[Request], list[Request]]:

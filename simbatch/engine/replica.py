@@ -147,21 +147,6 @@ class Replica:
             (self._wake | self.env.timeout(max(1, ceil_ns(answer.time_s) - self.env.now)))
         self._wake = None
 
-    def _hand_over(self, plan, now_ns: int) -> None:
-        """Tell the dispatcher what this plan starts (simbatch.engine.disaggregated): the KV transfers
-        a decode replica's admissions began, and the first tokens a prefill step will produce, at its end."""
-        sched = self.scheduler
-        if sched.transfers_started:
-            self.recorder.waiting_change(now_ns / NS_PER_S, -len(sched.transfers_started))
-            for req in sched.transfers_started:
-                self.dispatcher.start_transfer(req, now_ns)
-            sched.transfers_started = []
-        if sched.hands_off and plan.__class__ is StepPlan:
-            firsts = [req for req, n in plan.slices if req.prefill_pending and req.output_tokens > 1
-                      and req.num_computed_tokens + n >= req.prompt_tokens + req.num_generated]
-            if firsts:
-                self.dispatcher.first_tokens(firsts, now_ns + self.step_duration_ns(plan))
-
     def _planned(self, plan: StepPlan, now_s: float) -> StepShape:
         """What every step does once planned: check, count the waiting change, and shape its row."""
         sched = self.scheduler
@@ -235,7 +220,7 @@ class Replica:
             now_s = now / NS_PER_S
             plan = schedule(now_s)
             if self.pool is not None:
-                self._hand_over(plan, now)
+                self.dispatcher.planned(self, plan, now)
             if plan.__class__ is not StepPlan:
                 yield from self._sleep(plan)
                 contiguous, now = False, env.now

@@ -21,23 +21,39 @@ Declarations:
   ``features`` section, with the options its ``Options`` model (pydantic) declares, which the schema
   validates and the feature reads as ``self.options``.
 
-Hooks (see :class:`Feature` for the exact contracts):
+Hooks (see :class:`Feature` for the exact contracts), in the order a step meets them, each where
+vLLM V1's scheduler lets its KV cache manager, its KV connector or its LoRA bookkeeping act:
 
-- ``decode_tokens(req, spare)`` in rule 1: the tokens a decoding request computes this step beyond
-  its own one (speculative decoding: its drafts);
-- ``applied(req, n)`` when a step ends: of the ``n`` tokens a decode computed, how many it keeps and
-  emits (speculative decoding: one plus the drafts accepted);
-- ``step_ms(plan)``: time the feature adds to a step (speculative decoding: the drafter's passes);
-- ``admits(req)`` in rule 3, before a waiting request's cache lookup: whether this step can take it
-  (multi-LoRA: at most ``max_loras`` adapters); a request it refuses is passed over, not waited for;
-- ``admitted(req)`` once rule 3 has admitted it, and ``left(req)`` when it leaves the running set
-  (finished, preempted, handed off);
+- rule 1, ``decode_tokens(req, spare)``: the tokens a decoding request computes this step beyond its
+  own one (speculative decoding: its drafts);
+- rule 3, the request at the head of WAITING, ``receives(req)``: whether its KV comes from elsewhere,
+  to be received rather than computed (vLLM's KV connector with an asynchronous load); if so the
+  scheduler holds it (a slot and the blocks of its KV, no budget) and tells ``receiving(req)``, which
+  starts its transfer (disaggregated pools);
+- rule 3, each waiting request, ``admits(req)``: whether this step can take it at all (multi-LoRA: at
+  most ``max_loras`` adapters); a request it refuses is passed over, not waited for;
+- rule 3, a request with nothing computed, ``lookup(req)``: how many of its prompt's tokens it may
+  start from, computed already (vLLM's ``get_computed_blocks``: prefix caching, on the device and in
+  the host tier), then ``take_cached(req, n)``: whether it fits on them with ``n`` more, and if so it
+  takes them;
+- rule 3, ``admitted(req)``: it was admitted, its blocks allocated (multi-LoRA: its adapter is in a
+  slot; the host tier: the blocks it loads);
+- the end of a step, ``prefill_computed(req)`` after each prefill chunk is computed (prefix caching:
+  its full blocks become findable); ``applied(req, n)``: of the ``n`` tokens a decode computed, how
+  many it keeps and emits (speculative decoding: one plus the drafts accepted); ``hands_off(req)``
+  when a request samples its first token with more to come: whether it leaves to be decoded
+  elsewhere, its blocks kept until its KV has left (a prefill replica);
+- ``left(req)`` whenever a request leaves the running set: finished, preempted, or handed off;
+- the loop, ``step_ms(plan)``: time the feature adds to a step (speculative decoding: the drafter's
+  passes; the host tier: its loads);
 - ``summary(requests)``: the keys it adds to a run's summary, with vLLM's names.
 
-Prefix caching and disaggregated prefill/decode cut deeper: the one is how the KV manager keys and
-shares blocks (:mod:`simbatch.memory.prefix_cache`), the other how a cluster's pools hand requests over
-(:mod:`simbatch.engine.disaggregated`); their feature classes carry their declarations and summary
-keys, and the scheduler reaches their mechanics through the KV manager and the hand-over calls.
+A feature that works on blocks does so through the replica's KV cache manager (``self.kv``, set when
+the scheduler is built), which stays the only writer of blocks and computed tokens: prefix caching's
+keys and sharing are :mod:`simbatch.memory.prefix_cache`'s, and the feature
+(:mod:`simbatch.features.prefix_caching`) is the scheduler-side policy that calls them. Disaggregated
+pools (:mod:`simbatch.features.disaggregation`) have a cluster side too, the dispatcher between the
+pools (:mod:`simbatch.engine.disaggregated`), which routes and times what the feature starts.
 docs/extending.md walks through adding a feature.
 """
 
@@ -54,9 +70,11 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from simbatch.config import Scenario
+    from simbatch.memory.kv import KVCacheManager
     from simbatch.model.step import StepPlan
 
-HOOKS = ("decode_tokens", "applied", "step_ms", "admits", "admitted", "left")
+HOOKS = ("decode_tokens", "receives", "receiving", "admits", "lookup", "take_cached", "admitted", "prefill_computed",
+         "hands_off", "left", "applied", "step_ms")
 
 
 class Feature:
@@ -69,6 +87,8 @@ class Feature:
     switch: ClassVar[str] = "features"  # the scenario setting that turns it on
     Options: ClassVar[type[BaseModel] | None] = None  # its options under features.<name>, validated by the schema
     examples: ClassVar[tuple[dict, ...]] = ({},)  # option sets that exercise it (the equivalence tests draw them)
+
+    kv: KVCacheManager | None = None  # the replica's KV cache manager, set when its scheduler is built
 
     def __init__(self, scenario: Scenario):
         self.scenario = scenario
@@ -85,6 +105,53 @@ class Feature:
         budget leaves once every later decode of the step has its own token)."""
         return 0
 
+    def receives(self, req: Request) -> bool:
+        """Whether ``req``, at the head of WAITING, gets its KV from elsewhere instead of computing it.
+
+        vLLM's scheduler asks its KV connector (``get_num_new_matched_tokens``) how many of a waiting
+        request's tokens a remote worker holds, and whether they load asynchronously; such a request
+        gets its blocks and waits for them (``WAITING_FOR_REMOTE_KVS``) without being scheduled. Here
+        a request this says yes to is held, if a slot and the blocks of its computed tokens are free,
+        without budget (it computes nothing yet), and :meth:`receiving` is told; if not, admission
+        stops (it is the head: nobody overtakes it). It joins the running set once its KV is in
+        (:meth:`~simbatch.schedulers.continuous.ContinuousScheduler.deliver`), at the next plan."""
+        return False
+
+    def receiving(self, req: Request) -> None:
+        """``req``'s blocks are reserved on this replica (:meth:`receives`): its KV may start to come."""
+
+    def lookup(self, req: Request) -> int:
+        """Tokens of ``req``'s prompt, waiting with nothing computed, whose KV it may start from: it
+        does not compute them. The feature keeps what it found for :meth:`take_cached`, which follows
+        for the same request if it may be admitted (admission considers one request at a time).
+
+        vLLM: ``kv_cache_manager.get_computed_blocks(request)``, the longest run of cached blocks
+        from the start of its prompt (never its last token, whose logits must be computed). One
+        enabled feature at most may define it."""
+        return 0
+
+    def take_cached(self, req: Request, num_new_tokens: int) -> bool:
+        """Whether the device has room for ``req`` on the tokens :meth:`lookup` found and
+        ``num_new_tokens`` more, and if so ``req`` takes them (they are its first blocks, computed);
+        if not, nothing changes. vLLM's ``allocate_slots(request, num_new_tokens,
+        new_computed_blocks=...)``, which refuses, or touches the cached blocks (off the free queue)
+        and allocates; the scheduler allocates the new tokens' blocks after this."""
+        return True
+
+    def prefill_computed(self, req: Request) -> None:
+        """A prefill chunk of ``req`` was computed in the step that ended (its ``num_computed_tokens``
+        count it). vLLM's ``cache_blocks``: the full blocks of a prefix become findable by later
+        lookups as soon as their KV exists."""
+
+    def hands_off(self, req: Request) -> bool:
+        """``req`` sampled its first token here and has more to generate: whether it leaves this
+        replica to be decoded elsewhere. If so it leaves the running set as if finished, its blocks
+        kept until its KV has been sent
+        (:meth:`~simbatch.schedulers.continuous.ContinuousScheduler.release_sent`): vLLM's prefill
+        instance finishes the request, and its KV connector's ``request_finished`` delays freeing its
+        blocks until the decode instance has read them."""
+        return False
+
     def applied(self, req: Request, n: int) -> int:
         """``req`` computed ``n`` decode tokens this step (its own and ``n - 1`` extra): how many it keeps
         and emits, at least one."""
@@ -96,18 +163,20 @@ class Feature:
         the cost model alone (:class:`~simbatch.model.cost.StepRun`)."""
         return 0.0
 
-    @staticmethod
     def admits(self, req: Request) -> bool:
         """Whether the step being planned can take ``req``, waiting, in rule 3 (checked before its
-        lookup and its blocks); a request refused is passed over, and later ones may be admitted."""
+        lookup and its blocks); a request refused is passed over, and later ones may be admitted.
+        vLLM skips a request whose LoRA adapter would make the step's adapters more than
+        ``max_loras``, whatever its policy, and tries the next."""
         return True
 
     def admitted(self, req: Request) -> None:
-        """Rule 3 admitted ``req`` into the step being planned (its blocks are allocated)."""
+        """Rule 3 admitted ``req`` into the step being planned (its blocks are allocated), after
+        :meth:`take_cached` if it started from cached tokens."""
         return None
 
     def left(self, req: Request) -> None:
-        """``req`` left the running set: finished, preempted, or handed off to a decode replica."""
+        """``req`` left the running set: finished, preempted, or handed off (:meth:`hands_off`)."""
         return None
 
     @staticmethod
@@ -137,11 +206,18 @@ def feature_classes(scenarios: list[Scenario]) -> list[type[Feature]]:
     return [cls for cls in FEATURES if any(cls.enabled(s) for s in scenarios)]
 
 
+def defining(features: list[Feature], name: str) -> list[Feature]:
+    """The features that override hook ``name``."""
+    return [f for f in features if getattr(type(f), name) is not getattr(Feature, name)]
+
+
 def hooks(features: list[Feature], name: str) -> tuple:
     """The bound ``name`` hooks of the features that override it."""
-    return tuple(getattr(f, name) for f in features if getattr(type(f), name) is not getattr(Feature, name))
+    return tuple(getattr(f, name) for f in defining(features, name))
 
 
 def _load() -> None:
-    """Import the feature modules, which register themselves."""
-    from simbatch.features import lora  # noqa: F401  (it imports the others first: speculative, host_tier)
+    """Import the feature modules, which register themselves (each imports the one registered before
+    it, so that the order is the same whichever a process imports first: prefix_caching, speculative,
+    host_tier, lora, disaggregation)."""
+    from simbatch.features import disaggregation  # noqa: F401

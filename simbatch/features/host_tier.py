@@ -71,7 +71,9 @@ class HostKVTier(Feature):
         return scenario.kv_cache.enable_prefix_caching and scenario.kv_cache.host_blocks > 0
 
     def admitted(self, req: Request) -> None:
+        """The blocks it loaded from the host (prefix caching's take_cached), counted once."""
         self._blocks += req.host_loaded_blocks
+        req.host_loaded_blocks = 0
 
     def step_ms(self, plan: StepPlan) -> float:
         """The step's loads from the host: their time beyond the compute (overlapped) or all of it. Asked

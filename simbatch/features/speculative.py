@@ -41,6 +41,7 @@ import numpy as np
 
 from simbatch.config import Scenario, Speculative
 from simbatch.features import Feature, register
+from simbatch.features import prefix_caching as _registered_before  # noqa: F401  (registration order is fixed)
 from simbatch.model import streams
 from simbatch.model.cost import LinearCost
 

@@ -3,7 +3,7 @@
 ``simulate(scenario, observers=[...])`` calls every observer's methods at the instants things
 happen. An observer overrides the methods it wants; the others do nothing, and the engine does no
 work for an event nobody overrides (a run whose observers ignore steps pays nothing per step, one
-whose observers ignore admissions and preemptions nothing per request). The recorder, which builds
+whose observers ignore admissions, preemptions and transfers nothing per request). The recorder, which builds
 the frames and the summary, is the first observer of every run (:mod:`simbatch.observe.recorder`);
 another is for what the frames do not keep: a trace of which requests rode in which step and when
 each was admitted and preempted (:mod:`simbatch.observe.perfetto`), a live view.
@@ -17,7 +17,14 @@ each was admitted and preempted (:mod:`simbatch.observe.perfetto`), a live view.
   (``num_computed_tokens``, including the blocks a prefix-cache hit gave it, ``num_generated``) are
   where its step starts. A static or dynamic batch admits all its members at its start. The
   ``num_admitted`` of the plan counts these; a disaggregated decode replica's reservation of a
-  request whose KV is on its way is not one (it joins the running set when the KV arrives).
+  request whose KV is on its way is not one: it is a ``transfer``.
+- ``transfer(t_s, replica, request, duration_s)``: disaggregated pools. ``request``, handed off by
+  its prefill replica (``request.replica``) when it sampled its first token (``request.first_token_s``),
+  and queued since on decode replica ``replica``, has the blocks of its prompt's KV and a slot
+  reserved there while the step starting at ``t_s`` was planned (or the replica found nothing to
+  run), and its KV starts moving; it arrives at ``t_s + duration_s``, and the request decodes on
+  ``replica`` from the plan after, with no ``admission`` (its counters are where its first decode
+  starts: the prompt computed, one token generated). Its prefill replica frees its blocks then.
 - ``preemption(t_s, replica, request, swapped, kv_blocks, computed_tokens)``: ``request`` was sent back
   to WAITING while the step starting at ``t_s`` was planned. ``swapped``: its KV moved to the host
   (``scheduler.preemption: swap``, with room there); else it was dropped and will be computed again.
@@ -51,9 +58,9 @@ for one replica:
 3. the step that ends then (``step``, or the run it ends), then ``completion`` of the requests it
    finished (one call);
 4. with a client (``workload.max_concurrency``, closed loops), the arrivals those completions sent;
-5. the plan of the next step: its preemptions and admissions, in the order the scheduler made them
-   (a preempted request re-admitted by the same plan is told preempted, then admitted); its step
-   begins at that instant.
+5. the plan of the next step: the transfers it started, in the order the scheduler held them, then
+   its preemptions and admissions, in the order the scheduler made them (a preempted request
+   re-admitted by the same plan is told preempted, then admitted); its step begins at that instant.
 
 So for one replica the sequence of admissions, preemptions, steps and completions an observer that
 takes no runs is told is the same under both engines. The two differ only in when steps are told: the
@@ -170,6 +177,10 @@ class Observer:
                    computed_tokens: int) -> None:
         """``request`` went back to WAITING on ``replica`` at ``t_s``, its ``kv_blocks`` and the
         ``computed_tokens`` they held swapped to the host (``swapped``) or dropped."""
+
+    def transfer(self, t_s: float, replica: int, request: Request, duration_s: float) -> None:
+        """``request``'s KV started moving at ``t_s`` from its prefill replica to decode replica ``replica``,
+        which holds a slot and its blocks; it arrives ``duration_s`` later."""
 
     def step(self, replica: int, start_s: float, duration_s: float, plan: StepPlan, done: bool) -> None:
         """One step of ``replica`` from ``start_s``, with ``plan``'s membership (``done`` False: the clock

@@ -164,6 +164,12 @@ class Recorder(Observer):
             self._advance(now)
             self.n_waiting += delta
 
+    def transfer(self, t_s: float, replica: int, request: Request, duration_s: float) -> None:
+        self.waiting_change(t_s, -1)  # held on its decode replica: out of WAITING, not yet running
+        i = request.request_id
+        self.kv_transfer_s[i] = duration_s
+        self.decode_queue_s[i] = t_s - request.first_token_s
+
     def completion(self, t_s: float, requests: list[Request]) -> None:
         self._advance(t_s)
         self.n_system -= len(requests)

@@ -19,20 +19,24 @@ Every step the running set is chosen afresh (Orca), and each request gets a slic
    declares ``evicts_at_admission`` (``priority``) a waiting request may evict a running one of
    strictly worse level.
 
-Speculative decoding (``device.speculative``, :mod:`simbatch.features.speculative`): in rule 1 a decoding
-request takes its token and ``d`` drafts, ``d = min(k, tokens it still needs - 1, budget left - 1
-for each decode after it)``, with blocks for all ``1 + d``; at the end of the step it accepts ``A``
-of them (from its own acceptance stream), computes ``A + 1`` tokens and emits ``A + 1``.
-
 Finished requests retire at the end of the step, releasing their blocks in running (admission)
 order; the blocks are free for the very next step.
 
-Disaggregated pools (:mod:`simbatch.engine.disaggregated`). On a prefill replica a request leaves the
-running set when it samples its first token, its blocks held until its KV has been sent. On a
-decode replica a waiting request whose KV is still remote is admitted in rule 3's order when a slot
-and the blocks of its prompt are free, with no budget (it computes nothing yet): the blocks are
-reserved and its transfer starts; when the transfer is done it joins the running set at the next
-plan, as a decode. Its slot counts from the reservation on.
+Serving features (:mod:`simbatch.features`) act at the points where vLLM's scheduler lets its KV
+cache manager and its KV connector act, through hooks called only when an enabled feature defines
+them:
+
+- rule 1: a decode's tokens beyond its own (``decode_tokens``: speculative decoding's drafts, with
+  blocks for all of them; at the end of the step ``applied`` says how many it keeps);
+- rule 3, the head of WAITING: a request whose KV comes from elsewhere (``receives``: a
+  disaggregated decode replica's) is held when a slot and the blocks of its KV are free, with no
+  budget (it computes nothing yet), its transfer started (``receiving``); when it is delivered it
+  joins the running set at the next plan, as a decode, its slot counted from the hold on;
+- rule 3, a request with nothing computed: the tokens it starts from, computed already (``lookup``,
+  then ``take_cached`` if it fits: prefix caching's hits);
+- the end of a step: a prefill chunk computed (``prefill_computed``: its full blocks join the prefix
+  cache); a first token sampled with more to come (``hands_off``: a prefill replica's request leaves,
+  its blocks kept until its KV has been sent).
 
 Chunking: with ``enable_chunked_prefill`` a prompt is split into slices of at most the remaining
 budget (and ``long_prefill_token_threshold``). Without it a prompt must fit whole into what is left
@@ -49,7 +53,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from simbatch.config import Scenario
-from simbatch.features import features_for, hooks
+from simbatch.features import defining, features_for, hooks
 from simbatch.memory.blocks import blocks_for
 from simbatch.memory.kv import KVCacheManager
 from simbatch.model.request import FINISHED, RUNNING, WAITING, Request
@@ -88,26 +92,35 @@ class ContinuousScheduler(BaseScheduler):
         # The serving features this replica runs (simbatch.features), and the hooks they define.
         self.features = features_for(scenario)
         self.repeatable = all(f.repeatable for f in self.features)
+        for f in self.features:
+            f.kv = kv
         self._decode_tokens = hooks(self.features, "decode_tokens")
         self._applied = hooks(self.features, "applied")
         self._admits = hooks(self.features, "admits")
         self._admitted = hooks(self.features, "admitted")
         self._left = hooks(self.features, "left")
+        self._receives = hooks(self.features, "receives")
+        self._receiving = hooks(self.features, "receiving")
+        self._prefill_computed = hooks(self.features, "prefill_computed")
+        self._hands_off = hooks(self.features, "hands_off")
+        # The feature that gives requests computed tokens at admission (lookup, take_cached), if any.
+        cache = defining(self.features, "lookup")
+        if len(cache) > 1:
+            raise ValueError(f"features {', '.join(f.name for f in cache)} all give requests cached tokens "
+                             "at admission (lookup): turn on one of them")
+        self._cache = cache[0] if cache else None
         # Planning state of the step being built.
         self._sched: dict[Request, int] = {}
         self._budget = 0
         # Running requests with a prefill pending, in running (admission) order.
         self._prefilling: dict[Request, None] = {}
-        # Disaggregated pools (simbatch.engine.disaggregated). A prefill replica ``hands_off`` each
-        # request at its first token and holds its blocks (``_sending``) until its KV has left; a
-        # decode replica admits requests whose KV is still remote by reserving their blocks, which
-        # starts the transfer (``transfers_started``, for the engine to time), holds them while it
-        # runs (``_incoming``), and lets them join the running set once it is done (``_delivered``).
-        self.hands_off = False
+        # KV that moves between replicas (a feature's receives and hands_off: disaggregated pools).
+        # Requests that left at their first token, their blocks kept until their KV has been sent
+        # (``_sending``); requests held while their KV comes (``_incoming``), and those whose KV has
+        # come, which join the running set at the next plan (``_delivered``).
         self._sending: dict[Request, None] = {}
         self._incoming: dict[Request, None] = {}
         self._delivered: list[Request] = []
-        self.transfers_started: list[Request] = []
         # Async scheduling (scheduler.async_scheduling; see schedule): requests that arrived since the
         # last plan, and during the step before it (the next plan is the first to see them); requests
         # that finished at the end of the last step, and of the step before (slots and blocks held
@@ -328,19 +341,19 @@ class ContinuousScheduler(BaseScheduler):
         prompt) stops admission; without head-of-line blocking it is passed over instead, and the
         scan goes on while a slot, a free block and some budget remain.
         """
-        waiting, kv = self.waiting, self.kv
+        waiting, kv, cache = self.waiting, self.kv, self._cache
         passed_over: list[Request] | None = None
         while self._budget > 0:
             req = waiting.peek()
             if req is None:
                 break
             full = self._seats_taken() >= self.max_num_seqs
-            if req.remote_kv:
-                # Its KV comes whole from a prefill replica: it needs the blocks and a slot, no budget.
+            if self._receives and self._remote(req):
+                # Its KV comes whole from elsewhere: it needs the blocks and a slot, no budget.
                 # First come, first served: the head waits for room, and nobody overtakes it.
                 if full or blocks_for(req.num_computed_tokens, kv.block_size) > kv.device.num_free:
                     break
-                self._start_transfer(waiting.pop(), now)
+                self._hold(waiting.pop(), now)
                 continue
             if self._admits and not full and not all(ok(req) for ok in self._admits):
                 # A feature's rule refuses it this step (max_loras): vLLM skips it, whatever the policy.
@@ -348,16 +361,13 @@ class ContinuousScheduler(BaseScheduler):
                     passed_over = []
                 passed_over.append(waiting.pop())
                 continue
-            # Prefix caching: a request with nothing computed starts from the cached blocks of its prefix,
-            # on the device, then in the host tier (loaded into blocks of its own).
-            lookup = kv.caching and not req.num_computed_tokens and not req.swapped_blocks
-            hits = kv.cached_prefix(req) if lookup else ()
-            host = kv.host_prefix(req, len(hits)) if lookup and kv.host_tier is not None else 0
-            load = host * kv.block_size
-            n = self._chunk(req, len(hits) * kv.block_size + load)
+            # A request with nothing computed may start from tokens a feature has (prefix caching's hits).
+            cached = cache.lookup(req) if cache is not None and not req.num_computed_tokens and \
+                not req.swapped_blocks else 0
+            n = self._chunk(req, cached)
             if n == 0 or full or not (
-                    kv.fits(req, hits, load + n) if len(hits) else
-                    blocks_for(req.num_computed_tokens + load + n, kv.block_size) <= kv.device.num_free):
+                    cache.take_cached(req, n) if cached else
+                    blocks_for(req.num_computed_tokens + n, kv.block_size) <= kv.device.num_free):
                 if n and self.evicts_at_admission and self._evict_for(req, now, plan):
                     continue
                 if self.head_of_line_blocking or full or not kv.device.num_free:
@@ -367,13 +377,6 @@ class ContinuousScheduler(BaseScheduler):
                 passed_over.append(waiting.pop())
                 continue
             waiting.pop()
-            if len(hits):
-                kv.use_cached(req, hits)
-            if kv.host_tier is not None:
-                kv.load_from_host(req, host)
-            if req.num_preemptions == 0:
-                req.num_cached_tokens = len(hits) * kv.block_size + load
-                req.num_host_cached_tokens = load
             if req.swapped_blocks:
                 plan.swap_blocks += req.swapped_blocks
                 # Cannot fail: the swapped blocks hold its computed tokens, fewer than the check counted.
@@ -391,7 +394,7 @@ class ContinuousScheduler(BaseScheduler):
             for req in passed_over:  # back in their places: their keys are unchanged
                 waiting.push(req)
 
-    # ---------------------------------------------------------------- disaggregated pools
+    # ---------------------------------------------------------------- KV that moves between replicas
     def _seats_taken(self) -> int:
         """Running requests, those whose KV is on its way here (each has its slot reserved), and, with
         async scheduling, those that finished in the last step (their slots are freed after this plan)."""
@@ -405,17 +408,22 @@ class ContinuousScheduler(BaseScheduler):
     def in_system(self) -> list[Request]:
         return [*self.running, *self.waiting, *self._incoming, *self._delivered, *self._arrived, *self._unseen]
 
-    def _start_transfer(self, req: Request, now: float) -> None:
-        """Reserve the blocks of ``req``'s remote KV: the transfer starts now (the engine times it)."""
+    def _remote(self, req: Request) -> bool:
+        return any(receives(req) for receives in self._receives)
+
+    def _hold(self, req: Request, now: float) -> None:
+        """Reserve the blocks of ``req``'s remote KV, and tell the features: its transfer starts now."""
         self.kv.allocate_slots(req, 0)
         req.status = RUNNING  # it holds device blocks, though it computes nothing until delivered
         req.waiting_s += now - req.waiting_since_s
         self.waiting.on_admit(req)
         self._incoming[req] = None
-        self.transfers_started.append(req)
+        for receiving in self._receiving:
+            receiving(req)
 
     def deliver(self, req: Request) -> None:
-        """``req``'s KV has arrived: it decodes from the next step on."""
+        """``req``'s KV has arrived (vLLM: the connector's ``finished_recving``): it decodes from the
+        next step on."""
         del self._incoming[req]
         req.remote_kv = False
         self._delivered.append(req)
@@ -429,7 +437,7 @@ class ContinuousScheduler(BaseScheduler):
         self._delivered = []
 
     def _send(self, req: Request) -> None:
-        """``req`` sampled its first token on this prefill replica: it leaves, its blocks held for the transfer."""
+        """``req`` is handed off at its first token: it leaves, its blocks held for the transfer."""
         req.status = FINISHED
         self.waiting.on_release(req)
         self.running.remove(req)
@@ -438,7 +446,7 @@ class ContinuousScheduler(BaseScheduler):
             hook(req)
 
     def release_sent(self, req: Request) -> None:
-        """``req``'s KV has reached its decode replica: free its blocks here."""
+        """``req``'s KV has left for good (vLLM: the connector's ``finished_sending``): free its blocks here."""
         del self._sending[req]
         self.kv.release(req)
 
@@ -477,7 +485,7 @@ class ContinuousScheduler(BaseScheduler):
 
     def _apply_slices(self, plan: StepPlan, end_s: float, step: int, outcome: StepOutcome) -> None:
         """Each prefill chunk and speculative decode computes its tokens; one that caught up samples."""
-        publish = self.kv.publish if self.kv.caching else None
+        prefill_computed = self._prefill_computed
         for req, n in plan.slices:
             emitted = 1
             if not req.prefill_pending:  # a decode and n - 1 extra tokens: the features say what it keeps
@@ -485,8 +493,9 @@ class ContinuousScheduler(BaseScheduler):
                     n = keep(req, n)
                 emitted = n
             self.kv.computed(req, n)
-            if publish is not None and req.prefill_pending:
-                publish(req)  # a prefill chunk's full blocks are findable at once (simbatch.memory.prefix_cache)
+            if prefill_computed and req.prefill_pending:
+                for hook in prefill_computed:
+                    hook(req)
             if req.num_computed_tokens < req.prompt_tokens + req.num_generated:
                 continue  # a prefill chunk with more to come
             if req.prefill_pending:
@@ -497,11 +506,14 @@ class ContinuousScheduler(BaseScheduler):
     def _sampled(self, req: Request, emitted: int, end_s: float, step: int, outcome: StepOutcome) -> None:
         """``req`` caught up and sampled ``emitted`` tokens: it is done, handed off, or decodes on (rule 4)."""
         self._emit_token(req, end_s, step, outcome, emitted)
-        if self.hands_off and req.num_generated < req.output_tokens:
-            self._send(req)  # decoded elsewhere; a one-token output finishes here
-        elif req.num_generated >= req.output_tokens:
+        if req.num_generated >= req.output_tokens:
             self._retire(req, end_s)
             outcome.finished.append(req)
+        elif self._hands_off and req.num_generated == 1 and self._handed_off(req):
+            self._send(req)  # decoded elsewhere
+
+    def _handed_off(self, req: Request) -> bool:
+        return any(hands_off(req) for hands_off in self._hands_off)
 
     def _retire(self, req: Request, end_s: float) -> None:
         super()._retire(req, end_s)
