@@ -58,7 +58,7 @@ def save_run_plots(folder: Path, result: Result) -> list[Path]:
     if "prefix_cache_hit_rate" in result.summary:
         figures["prefix_cache"] = prefix_cache(runs)
     if "num_host_cached_tokens" in result.requests:  # the host KV tier is on (simbatch.features.host_tier)
-        tiered = next(s for s in replica_scenarios(sc) if s.kv_cache.host_blocks)
+        tiered = next((s for s in replica_scenarios(sc) if s.kv_cache.host_blocks), sc)
         figures["host_kv_tier"] = host_kv_tier(result, load_ms_per_block(tiered), tiered.kv_cache.block_size)
     if "lora_id" in result.requests:  # multi-LoRA is on (simbatch.features.lora)
         figures["lora_adapters"] = lora_adapters(result)
