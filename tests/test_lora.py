@@ -132,3 +132,39 @@ def test_no_step_holds_more_than_max_loras_adapters(fast_forward):
 def test_lora_that_cannot_work_is_refused(spec, words):
     with pytest.raises(ScenarioError, match=words):
         scenario_from_dict(spec)
+
+
+TRACE = "t,in,out,adapter\n3,40,4,chat\n1,40,4,\n2,40,4,sql\n4,40,4, sql \n5,40,4,chat\n"
+TRACE_SPEC = {"trace": {"path": "trace.csv", "timestamp_column": "t", "prompt_column": "in", "output_column": "out",
+                        "adapter_column": "adapter"}}
+LORA = {"max_loras": 1, "max_cpu_loras": 2, "host_link_gb_s": 25.0, "adapter_bytes": 8.4e7}
+
+
+def test_a_trace_names_each_request_s_adapter(tmp_path):
+    """Adapters by name, numbered in order of first arrival, the base model where the cell is empty; one GPU
+    slot, so each change of adapter loads (sql, chat, sql, chat: four loads, two read from storage)."""
+    (tmp_path / "trace.csv").write_text(TRACE)
+    result = simulate(scenario_from_dict({"workload": TRACE_SPEC, "lora": LORA,
+                                          "device": {"tau0_ms": 1.0, "beta_ms": 0.0}}, base_dir=tmp_path),
+                      check_invariants=True)
+    rq = result.requests.sort_values("request_id")
+    assert rq["lora_id"].tolist() == [-1, 0, 1, 0, 1]
+    assert rq["lora_loads"].tolist() == [0, 1, 1, 1, 1] and rq["lora_storage_loads"].tolist() == [0, 1, 1, 0, 0]
+
+
+@pytest.mark.parametrize(("extra", "words"), [
+    ({"adapters": {"count": 3}}, "adapters would be ignored"),
+    ({}, "adapter_column names LoRA adapters, but the server has no lora section"),
+])
+def test_a_trace_s_adapters_need_lora_and_no_second_source(tmp_path, extra, words):
+    (tmp_path / "trace.csv").write_text(TRACE)
+    spec = {"workload": {**TRACE_SPEC, **extra}, **({"lora": LORA} if extra else {})}
+    with pytest.raises(ScenarioError, match=words):
+        scenario_from_dict(spec, base_dir=tmp_path)
+
+
+def test_a_missing_adapter_column_is_named(tmp_path):
+    (tmp_path / "trace.csv").write_text(TRACE.replace("adapter", "lora"))
+    scenario = scenario_from_dict({"workload": TRACE_SPEC, "lora": LORA}, base_dir=tmp_path)
+    with pytest.raises(ScenarioError, match="adapter_column"):
+        simulate(scenario)

@@ -56,3 +56,24 @@ def test_histogram_edges_are_never_of_zero_width(values):
     if values:
         assert edges[0] <= min(values) and edges[-1] >= max(values)
     np.histogram(np.asarray(values, dtype=float), bins=edges)  # numpy accepts them
+
+
+CHAT = {"num_requests": 120, "arrival": {"rate": 4.0}, "num_sessions": 10,
+        "prompt_tokens": {"dist": "uniform", "low": 50, "high": 300}, "output_tokens": {"dist": "fixed", "value": 20},
+        "prefix": {"multi_turn": True}}
+TIER = {"enable_prefix_caching": True, "num_blocks": 200, "host_blocks": 2000, "host_link_gb_s": 25.0,
+        "kv_bytes_per_token": 131072}
+LORA = {"max_loras": 2, "max_cpu_loras": 4, "host_link_gb_s": 25.0, "adapter_bytes": 8.4e7}
+
+
+@pytest.mark.parametrize(("plot", "on", "off"), [
+    ("host_kv_tier", {"workload": CHAT, "kv_cache": TIER},
+     {"workload": CHAT, "kv_cache": {**TIER, "host_blocks": 0}}),
+    ("lora_adapters", {"workload": {**CHAT, "adapters": {"count": 6}}, "lora": LORA}, {"workload": CHAT}),
+])
+def test_a_feature_s_plot_is_drawn_when_it_is_on_and_only_then(tmp_path, plot, on, off):
+    (tmp_path / "on").mkdir()
+    (tmp_path / "off").mkdir()
+    drawn = {p.name for p in plots.save_run_plots(tmp_path / "on", simulate(_scenario(**on)))}
+    assert f"{plot}.png" in drawn and (tmp_path / "on" / f"{plot}.png").read_bytes().startswith(PNG)
+    assert f"{plot}.png" not in {p.name for p in plots.save_run_plots(tmp_path / "off", simulate(_scenario(**off)))}

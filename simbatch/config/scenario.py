@@ -140,9 +140,12 @@ class Scenario(_Model):
                 raise ValueError(f"{where}.host_blocks ({cache.host_blocks}) needs the link its blocks load over, and "
                                  "no device.preset names a GPU to take it from; give kv_cache.host_link_gb_s (e.g. 50 "
                                  "for PCIe Gen5 x16)")
-        if self.workload.adapters is not None and self.lora is None:
-            raise ValueError("workload.adapters names LoRA adapters, but the server has no lora section; add lora "
-                             "(e.g. lora: {max_loras: 4, host_link_gb_s: 25}), or remove workload.adapters")
+        trace = self.workload.trace
+        named = "workload.adapters" if self.workload.adapters is not None else \
+            "workload.trace.adapter_column" if trace is not None and trace.adapter_column is not None else None
+        if named is not None and self.lora is None:
+            raise ValueError(f"{named} names LoRA adapters, but the server has no lora section; add lora "
+                             f"(e.g. lora: {{max_loras: 4, host_link_gb_s: 25}}), or remove {named}")
         if self.lora is None:
             return self
         if self.lora.host_link_gb_s is None and self.device.preset is None:

@@ -109,6 +109,10 @@ class Trace(_Model):
         "(Mooncake's hash_ids: equal ids mean the same block after the same prefix); the format's when omitted.")
     hash_block_tokens: PosInt | None = Field(
         default=None, description="Tokens per block of hash_ids (mooncake 512, qwen-bailian 16).")
+    adapter_column: str | None = Field(
+        default=None, description="Per-request LoRA adapter name (vLLM bench serve's --lora-modules names); an "
+        "empty cell is the base model; lora_id numbers the names 0, 1, ... in order of first arrival. Replaces "
+        "workload.adapters, and needs the lora section.")
     keep_time_origin: bool = Field(
         default=False, description="false: the first arrival is at t = 0. true: times as the trace gives "
         "them: numbers as seconds from t = 0, date-times as seconds from midnight (UTC) of the first row's day."
@@ -200,6 +204,9 @@ class Workload(_Model):
             if ignored:
                 raise ValueError(f"{', '.join(ignored)} would be ignored: a trace gives arrival times and "
                                  "lengths; remove them or remove the trace")
+            if self.trace.adapter_column is not None and self.adapters is not None:
+                raise ValueError("workload.adapters would be ignored: trace.adapter_column names every request's "
+                                 "adapter; remove adapters or remove adapter_column")
             if self.trace.tenant_column is not None and self.classes:
                 raise ValueError("classes would be ignored: trace.tenant_column gives every request its tenant; "
                                  "remove classes or remove tenant_column")

@@ -10,7 +10,7 @@ device blocks the request takes, instead of being computed again; a block in nei
 The tier is a victim cache: a block is in it because the device evicted it, and leaves it when it is
 loaded back (so one content is in one tier, and the two tiers together are one LRU stack of
 ``num_blocks + host_blocks`` blocks: a block whose stack distance is at most the device's capacity is
-found on the device, one within both capacities in the host tier; tests/validation/test_host_tier.py).
+found on the device, one within both capacities in the host tier; tests/validation/test_two_tier_lru.py).
 When full, the tier drops its least recently stored block. A block computed again on the device while
 its copy is still on the host (a lookup stopped short of it) leaves the copy in place: the copy ages out.
 

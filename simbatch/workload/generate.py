@@ -172,8 +172,8 @@ def generate(scenario: Scenario) -> WorkloadArrays:
         sessions = session if session is not None else np.arange(len(arrival_s), dtype=np.int64)
         prompt_tokens, prefix_stream, shared_prefix_tokens = apply_prefix(
             wl.prefix, prompt_tokens, output_tokens, sessions, streams.rng(seed, streams.SHARED_PREFIX))
-    adapter = None if wl.adapters is None else \
-        adapter_ids(wl.adapters, len(arrival_s), streams.rng(seed, streams.ADAPTERS))
+    adapter = replay.adapter if replay is not None and replay.adapter is not None else None if wl.adapters is None \
+        else adapter_ids(wl.adapters, len(arrival_s), streams.rng(seed, streams.ADAPTERS))
     return WorkloadArrays(
         arrival_s=snap_s(arrival_s),  # the clock's grid: what the engine sees is what the frames report
         prompt_tokens=prompt_tokens,

@@ -19,7 +19,8 @@ What a trace says its prompts share becomes the workload's description of conten
 (simbatch.workload.prefix): a conversation (``session_column``) is one prefix stream, each turn's
 prompt beginning with the turns before; rows with one prompt id (``prompt_id_column``) are one
 stream, the same prompt re-sent; ``hash_ids`` are the blocks' content itself
-(:class:`BlockHashes`). Rows are sorted by time, stably (by turn within a time, when a turn
+(:class:`BlockHashes`). A column of LoRA adapter names (``adapter_column``) says which adapter each
+request names, the base model where empty. Rows are sorted by time, stably (by turn within a time, when a turn
 column is given): logs merged from several servers are often slightly out of order.
 """
 
@@ -106,6 +107,7 @@ class Replay(NamedTuple):
     session: np.ndarray | None = None  # int64 conversation codes, in order of first arrival
     prompt_id: np.ndarray | None = None  # int64 prompt codes, in order of first arrival
     hashes: BlockHashes | None = None
+    adapter: np.ndarray | None = None  # int32 adapter codes in order of first arrival, -1 the base model
 
 
 def _timestamps_s(raw: pd.Series, path: Path, unit_s: float) -> np.ndarray:
@@ -271,6 +273,8 @@ def load_trace(trace: Trace, scenario: Scenario, num_requests: int | None,
     if trace.prompt_id_column is not None:
         prompt_id = _codes(csvfile.column(frame, trace.prompt_id_column, path, f"{_WHERE}.prompt_id_column"),
                            empty_is_own=True)
+    adapter = None if trace.adapter_column is None else \
+        csvfile.column(frame, trace.adapter_column, path, f"{_WHERE}.adapter_column")
     if trace.turn_column is not None:
         turn = csvfile.whole_numbers(csvfile.column(frame, trace.turn_column, path, f"{_WHERE}.turn_column"),
                                      path, _WHERE, fix, what="a whole-number turn")
@@ -303,4 +307,6 @@ def load_trace(trace: Trace, scenario: Scenario, num_requests: int | None,
         return None if column is None else column[rows]
 
     return Replay(arrival_s[:keep], prompt_tokens[rows], output_tokens[rows], pick(priority), pick(tenant),
-                  pick(session), pick(prompt_id), None if hashes is None else hashes.take(rows))
+                  pick(session), pick(prompt_id), None if hashes is None else hashes.take(rows),
+                  # Numbered in order of first arrival, among the rows kept; an empty cell, the base model.
+                  None if adapter is None else _codes(adapter.iloc[rows], empty_is_own=True).astype(np.int32))

@@ -14,7 +14,9 @@ from pathlib import Path
 from simbatch.app.plots.cluster import load_imbalance, replica_load
 from simbatch.app.plots.disaggregated import handover
 from simbatch.app.plots.figure import Frames, Run, save_figure
+from simbatch.app.plots.host_tier import host_kv_tier
 from simbatch.app.plots.latency import e2e_histogram, latency_by_request, ttft_cdf
+from simbatch.app.plots.lora import lora_adapters
 from simbatch.app.plots.prefix import prefix_cache
 from simbatch.app.plots.speculative import speculative_decoding
 from simbatch.app.plots.timeseries import (
@@ -25,10 +27,11 @@ from simbatch.app.plots.timeseries import (
     running_waiting,
 )
 from simbatch.config import Scenario, replica_scenarios
+from simbatch.features.host_tier import load_ms_per_block
 from simbatch.simulation import Result
 
-__all__ = ["Frames", "Run", "batch_size", "load_imbalance", "replica_load", "cumulative_output_tokens", "e2e_histogram", "handover", "kv_usage",
-           "latency_by_request", "output_throughput", "prefix_cache", "running_waiting", "save_compare_plots", "save_figure",
+__all__ = ["Frames", "Run", "batch_size", "load_imbalance", "replica_load", "cumulative_output_tokens", "e2e_histogram", "handover", "host_kv_tier",
+           "kv_usage", "latency_by_request", "lora_adapters", "output_throughput", "prefix_cache", "running_waiting", "save_compare_plots", "save_figure",
            "save_run_plots", "speculative_decoding", "ttft_cdf"]
 
 
@@ -54,6 +57,11 @@ def save_run_plots(folder: Path, result: Result) -> list[Path]:
     }
     if "prefix_cache_hit_rate" in result.summary:
         figures["prefix_cache"] = prefix_cache(runs)
+    if "num_host_cached_tokens" in result.requests:  # the host KV tier is on (simbatch.features.host_tier)
+        tiered = next((s for s in replica_scenarios(sc) if s.kv_cache.host_blocks), sc)
+        figures["host_kv_tier"] = host_kv_tier(result, load_ms_per_block(tiered), tiered.kv_cache.block_size)
+    if "lora_id" in result.requests:  # multi-LoRA is on (simbatch.features.lora)
+        figures["lora_adapters"] = lora_adapters(result)
     if sc.cluster.disaggregated is not None:
         figures["handover"] = handover(result.requests, result.iterations)
     if "spec_decode_acceptance_rate" in result.summary:
