@@ -179,7 +179,7 @@ class Scenario(_Model):
             batchings = [self.batching] if self.cluster.groups() is None else \
                 [s.batching or self.batching for s in self.cluster.groups() for _ in range(s.count)]
             if self.cluster.groups() is None:
-                batchings *= self.cluster.replicas
+                batchings *= self.cluster.fleet_size
             waiting = [b for b in batchings if MODES[b.mode].waits_for_full_batch(b)]
             stuck = sum(b.max_num_seqs - 1 for b in waiting)
             if stuck and cap <= stuck:
@@ -290,7 +290,7 @@ def replica_scenarios(scenario: Scenario) -> list[Scenario]:
     """
     specs = scenario.cluster.groups()
     if specs is None:
-        return [scenario] * scenario.cluster.replicas
+        return [scenario] * scenario.cluster.fleet_size
     out: list[Scenario] = []
     for spec in specs:
         sections = {k: getattr(spec, k) for k in ("device", "kv_cache", "batching") if getattr(spec, k) is not None}

@@ -128,7 +128,8 @@ class SessionAffinity:
     def route(self, request_index: int, replicas: Sequence[Routable]) -> int:
         session = int(self._session[request_index])
         home = self._home.get(session)
-        if home is None:
+        # A home an autoscaler drained is gone: the session moves (its cache with it, in a real fleet).
+        if home is None or not any(r.index == home for r in replicas):
             home = self._home[session] = self._first.route(request_index, replicas)
         return home
 

@@ -58,7 +58,7 @@ def save_run_plots(folder: Path, result: Result) -> list[Path]:
         figures["handover"] = handover(result.requests, result.iterations)
     if "spec_decode_acceptance_rate" in result.summary:
         figures["speculative_decoding"] = speculative_decoding(result, sc)
-    n = sc.cluster.replicas
+    n = sc.cluster.fleet_size
     if n > 1:
         figures["replica_load"] = replica_load(result, n, slots=slots // n if not sc.cluster.groups() else None)
         figures["load_imbalance"] = load_imbalance(result, n)

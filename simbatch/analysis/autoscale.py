@@ -1,0 +1,136 @@
+"""An autoscaled fleet's account: replicas over time, GPU-hours, cost, and the fixed fleet of the same cost.
+
+- The **fleet frame**: one row per change (:mod:`simbatch.engine.autoscale`'s events), in time order,
+  with the counts after it: ``starting``, ``ready``, ``draining`` and ``billed`` (their sum: the
+  replicas holding GPUs).
+- **GPU-hours**: the area under ``billed`` over the run, times the GPUs of one replica (the preset's
+  tensor-parallel degree), / 3600. ``mean_replicas`` is that area / the run's duration.
+- **Cost**: GPU-hours x the price of one GPU-hour: ``cluster.autoscale.usd_per_gpu_hour``, else the
+  prices file of ``simbatch plan`` (``simbatch/data/gpu_prices.yaml``) for ``device.preset``'s GPU.
+- **The fixed fleet of the same cost**: ``round(mean_replicas)`` replicas (at least one) for the whole
+  run, the same requests and router (:func:`equal_cost_fleet` runs it): what autoscaling buys is the
+  difference in SLO violations at that cost.
+- **The fluid approximation** (:func:`fluid_replicas`): replicas follow the load with the start-up
+  delay, ``n(t) = clip(ceil(lambda(t - d) / c))``, ``c`` one replica's capacity at the target
+  (busy_fraction target x its service rate). On a curve slow against the delay, the interval and
+  the cool-down, the simulated fleet tracks it (tests/validation/test_autoscale.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from simbatch.config import Autoscale, Scenario
+
+STATE_AFTER = {"start": "starting", "ready": "ready", "drain": "draining", "cancel": None, "stop": None}
+
+
+def fleet_frame(events: list[tuple[float, int, str]]) -> pd.DataFrame:
+    """The fleet's changes (in the order they happened, which is time order) with the counts after each."""
+    counts = {"starting": 0, "ready": 0, "draining": 0}
+    state: dict[int, str | None] = {}
+    rows = []
+    for t, replica, event in events:
+        if state.get(replica) is not None:
+            counts[state[replica]] -= 1
+        state[replica] = STATE_AFTER[event]
+        if state[replica] is not None:
+            counts[state[replica]] += 1
+        rows.append((t, replica, event, counts["starting"], counts["ready"], counts["draining"]))
+    frame = pd.DataFrame(rows, columns=["time_s", "replica", "event", "starting", "ready", "draining"])
+    frame["billed"] = frame["starting"] + frame["ready"] + frame["draining"]
+    return frame
+
+
+def replica_seconds(fleet: pd.DataFrame, end_s: float) -> float:
+    """The area under ``billed`` from 0 to ``end_s``, replica-seconds."""
+    t = np.append(fleet["time_s"].to_numpy(dtype=float), end_s)
+    return float(np.sum(fleet["billed"].to_numpy(dtype=float) * np.diff(np.minimum(t, end_s))))
+
+
+def gpus_per_replica(scenario: Scenario) -> int:
+    """One replica's GPUs: ``device.preset``'s tensor-parallel degree, 1 without a preset."""
+    if scenario.device.preset is None:
+        return 1
+    from simbatch.hardware.preset import parse
+
+    return parse(scenario.device.preset).tp
+
+
+def usd_per_gpu_hour(scenario: Scenario) -> float | None:
+    """The price of one GPU-hour: the autoscale key, else the shipped prices file's for the preset's GPU."""
+    spec = scenario.cluster.autoscale
+    if spec is not None and spec.usd_per_gpu_hour is not None:
+        return spec.usd_per_gpu_hour
+    if scenario.device.preset is None:
+        return None
+    from simbatch.app.plan.prices import Prices  # the prices file lives with `simbatch plan`
+    from simbatch.hardware.preset import parse
+
+    prices, gpu = Prices.load(None), parse(scenario.device.preset).gpu.name
+    return prices.price(gpu) if prices.has(gpu) else None
+
+
+def autoscale_summary(scenario: Scenario, fleet: pd.DataFrame, end_s: float) -> dict[str, float]:
+    """The summary's autoscaling keys: ``mean_replicas``, ``peak_replicas``, ``scale_ups``,
+    ``scale_downs``, ``gpu_hours``, and ``cost_usd`` (with ``usd_per_gpu_hour``) when a price is known."""
+    area = replica_seconds(fleet, end_s)
+    gpu_hours = area * gpus_per_replica(scenario) / 3600.0
+    out = {"mean_replicas": area / end_s if end_s > 0 else math.nan,
+           "peak_replicas": int(fleet["billed"].max()) if len(fleet) else 0,
+           "scale_ups": int((fleet["event"] == "start").sum()),
+           "scale_downs": int((fleet["event"] == "drain").sum()),
+           "gpu_hours": gpu_hours}
+    price = usd_per_gpu_hour(scenario)
+    if price is not None:
+        out |= {"usd_per_gpu_hour": price, "cost_usd": gpu_hours * price}
+    return out
+
+
+def fluid_replicas(rate_at, capacity_rps: float, spec: Autoscale, times_s: np.ndarray) -> np.ndarray:
+    """The fluid fleet: ``clip(ceil(lambda(t - startup_delay) / capacity))`` replicas at each time."""
+    lagged = rate_at(np.maximum(np.asarray(times_s, dtype=float) - spec.startup_delay_s, 0.0))
+    return np.clip(np.ceil(lagged / capacity_rps - 1e-9), spec.min_replicas, spec.max_replicas)
+
+
+def ready_at(fleet: pd.DataFrame, times_s: np.ndarray) -> np.ndarray:
+    """Ready replicas at each of ``times_s`` (the count after the last change at or before it)."""
+    i = np.searchsorted(fleet["time_s"].to_numpy(dtype=float), times_s, side="right") - 1
+    return fleet["ready"].to_numpy()[np.maximum(i, 0)]
+
+
+def slo_violation_rate(scenario: Scenario, requests: pd.DataFrame) -> float:
+    """Share of the requests that missed the SLO (``slo`` limits) or were not served (rejected,
+    unfinished); NaN without an SLO."""
+    limits = scenario.slo.limits_s()
+    if not limits or not len(requests):
+        return math.nan
+    ok = (requests["status"] == "finished").to_numpy()
+    for col, limit_s in limits.items():
+        v = requests[col].to_numpy(dtype=float)
+        ok &= np.isnan(v) | (v <= limit_s)
+    return float(1.0 - ok.mean())
+
+
+def equal_cost_fleet(result, workload=None) -> dict[str, float]:
+    """The fixed fleet of the autoscaled run's cost (module docstring), run on the same requests:
+    ``fixed_fleet_replicas``, and for both fleets ``slo_violation_rate`` and ``p99_ttft_ms``."""
+    from simbatch.simulation import simulate
+
+    sc = result.scenario
+    n = max(1, round(result.summary["mean_replicas"]))
+    fixed_cluster = sc.cluster.model_copy(update={"autoscale": None, "replicas": n})
+    fixed = simulate(sc.model_copy(update={"cluster": fixed_cluster}), workload=workload)
+
+    def p99_ms(requests: pd.DataFrame) -> float:
+        ttft = requests["ttft_s"].to_numpy(dtype=float)
+        ttft = ttft[~np.isnan(ttft)]
+        return float(np.percentile(ttft, 99) * 1e3) if len(ttft) else math.nan
+
+    return {"fixed_fleet_replicas": n,
+            "autoscaled_slo_violation_rate": slo_violation_rate(sc, result.requests),
+            "fixed_fleet_slo_violation_rate": slo_violation_rate(sc, fixed.requests),
+            "autoscaled_p99_ttft_ms": p99_ms(result.requests), "fixed_fleet_p99_ttft_ms": p99_ms(fixed.requests)}
