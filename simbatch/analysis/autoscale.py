@@ -108,7 +108,7 @@ def slo_violation_rate(scenario: Scenario, requests: pd.DataFrame) -> float:
     limits = scenario.slo.limits_s()
     if not limits or not len(requests):
         return math.nan
-    ok = (requests["status"] == "finished").to_numpy()
+    ok = (requests["status"] == "finished").to_numpy().copy()
     for col, limit_s in limits.items():
         v = requests[col].to_numpy(dtype=float)
         ok &= np.isnan(v) | (v <= limit_s)

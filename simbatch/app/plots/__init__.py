@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from simbatch.app.plots.autoscale import autoscaling
 from simbatch.app.plots.cluster import load_imbalance, replica_load
 from simbatch.app.plots.disaggregated import handover
 from simbatch.app.plots.figure import Frames, Run, save_figure
@@ -58,6 +59,8 @@ def save_run_plots(folder: Path, result: Result) -> list[Path]:
         figures["handover"] = handover(result.requests, result.iterations)
     if "spec_decode_acceptance_rate" in result.summary:
         figures["speculative_decoding"] = speculative_decoding(result, sc)
+    if result.fleet is not None:
+        figures["autoscaling"] = autoscaling(result)
     n = sc.cluster.fleet_size
     if n > 1:
         figures["replica_load"] = replica_load(result, n, slots=slots // n if not sc.cluster.groups() else None)
