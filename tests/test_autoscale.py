@@ -97,10 +97,15 @@ def test_fleet_frame_counts_and_bills_by_hand():
     assert ready_at(fleet, np.array([5.0, 40.0, 75.0])).tolist() == [1, 2, 1]
 
 
-def test_the_fluid_fleet_follows_the_lagged_rate():
-    spec = Autoscale(metric="busy_fraction", target=0.5, min_replicas=2, max_replicas=6, startup_delay_s=10)
-    out = fluid_replicas(lambda t: np.asarray(t) / 10.0, 1.0, spec, np.array([0.0, 40.0, 60.0, 1000.0]))
-    assert out.tolist() == [2, 3, 5, 6]
+def test_the_fluid_fleet_follows_the_lagged_rate_and_holds_through_the_cooldown():
+    spec = Autoscale(metric="busy_fraction", target=0.5, min_replicas=2, max_replicas=6, startup_delay_s=10,
+                     interval_s=4, cooldown_s=20)
+    ramp = lambda t: np.where(np.asarray(t) < 60, np.asarray(t) / 10.0, 0.0)  # noqa: E731  up to 6, then 0
+    times, plain = fluid_replicas(ramp, 1.0, spec, 100.0, points=101, stabilized=False)
+    assert plain[[0, 40, 60, 69, 70, 99]].tolist() == [2, 3, 5, 6, 2, 2]  # rate at t - 10: 3, 5, 5.9, then 0
+    _, held = fluid_replicas(ramp, 1.0, spec, 100.0, points=101)
+    # read 12 s late (t = 71 reads 5.9), and the last call for 6 (t = 71) held for the 20 s cool-down
+    assert held[[40, 62, 71, 91, 92]].tolist() == [3, 5, 6, 6, 2]
 
 
 def autoscaled(seed: int = 2, fast_forward: bool = True, metric: str = "queue_per_replica") -> dict:

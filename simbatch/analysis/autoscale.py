@@ -90,10 +90,26 @@ def autoscale_summary(scenario: Scenario, fleet: pd.DataFrame, end_s: float) -> 
     return out
 
 
-def fluid_replicas(rate_at, capacity_rps: float, spec: Autoscale, times_s: np.ndarray) -> np.ndarray:
-    """The fluid fleet: ``clip(ceil(lambda(t - startup_delay) / capacity))`` replicas at each time."""
-    lagged = rate_at(np.maximum(np.asarray(times_s, dtype=float) - spec.startup_delay_s, 0.0))
-    return np.clip(np.ceil(lagged / capacity_rps - 1e-9), spec.min_replicas, spec.max_replicas)
+def fluid_replicas(rate_at, capacity_rps: float, spec: Autoscale, end_s: float, points: int = 20_001,
+                   stabilized: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """The fluid fleet on a uniform grid of ``points`` times over [0, end_s]: ``(times_s, replicas)``.
+
+    ``stabilized=False``: replicas follow the load after the start-up delay d,
+    ``n(t) = clip(ceil(lambda(t - d) / c))``, c one replica's capacity at the target. With the
+    autoscaler's own lags (the default), the load is read half an evaluation interval late on
+    average, ``n0(t) = clip(ceil(lambda(t - d - interval / 2) / c))``, and a scale-down waits for the
+    stabilization window: ``n(t) = max of n0 over [t - cooldown, t]``. Both are the limit of a fleet
+    whose every replica carries exactly its share of a deterministic load.
+    """
+    times = np.linspace(0.0, end_s, points)
+    lag = spec.startup_delay_s + (spec.interval_s / 2 if stabilized else 0.0)
+    base = np.clip(np.ceil(rate_at(np.maximum(times - lag, 0.0)) / capacity_rps - 1e-9),
+                   spec.min_replicas, spec.max_replicas)
+    window = int(round(spec.cooldown_s / (times[1] - times[0]))) if stabilized and points > 1 else 0
+    if window == 0:
+        return times, base
+    padded = np.concatenate([np.full(window, base[0]), base])
+    return times, np.lib.stride_tricks.sliding_window_view(padded, window + 1).max(axis=1)
 
 
 def ready_at(fleet: pd.DataFrame, times_s: np.ndarray) -> np.ndarray:
