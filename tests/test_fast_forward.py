@@ -400,7 +400,7 @@ def test_the_scenario_library_runs_alike_on_both_engines(path):
     assert_same_run(scenario)
 
 
-@pytest.mark.parametrize("name", ["B1", "B3", "B4", "B5", "B7", "B8"])
+@pytest.mark.parametrize("name", ["B1", "B3", "B4", "B5", "B7", "B8", "B9"])
 def test_the_benchmark_workloads_run_alike_on_both_engines(name):
     from benchmarks.cases import CASES  # the benchmarks' own scenarios, at a test's size
 
