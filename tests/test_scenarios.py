@@ -83,12 +83,12 @@ def test_stable_and_bursty_same_load_different_tails():
 
 
 def test_autoscale_day_beats_a_fixed_fleet_of_the_same_cost():
-    """The lesson's figures: ~3.7 replicas on average, and a fixed fleet of that cost misses the SLO far more."""
+    """The lesson's figures: ~3.2 replicas on average, and a fixed fleet of that cost misses the SLO far more."""
     from simbatch.analysis.autoscale import equal_cost_fleet
 
     result = run("autoscale_day")
     compared = equal_cost_fleet(result)
-    assert 3.0 < result.summary["mean_replicas"] < 4.5 and result.summary["peak_replicas"] <= 12
+    assert 2.5 < result.summary["mean_replicas"] < 4.0 and result.summary["peak_replicas"] <= 12
     assert compared["fixed_fleet_slo_violation_rate"] > 3 * compared["autoscaled_slo_violation_rate"]
     assert result.summary["cost_usd"] == pytest.approx(result.summary["gpu_hours"] * 0.8936)
 
