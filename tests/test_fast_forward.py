@@ -172,8 +172,37 @@ def autoscaled(draw, base) -> dict:
                  "tolerance": draw(st.sampled_from([0.0, 0.1]))}
     cluster = {"replicas": draw(st.integers(1, top)), "autoscale": autoscale,
                "router": draw(st.sampled_from(["round_robin", "random", "least_outstanding", "least_kv",
-                                               "power_of_two", "session_affinity"]))}
+                                               "power_of_two", "session_affinity", "session", "prefix_affinity"]))}
     return {**scenario, "workload": workload, "cluster": cluster}
+
+
+@st.composite
+def cache_routed(draw, base) -> dict:
+    """Conversations with a system prompt on a fleet routed by what each replica holds cached: the
+    routers read the prefix caches at arrival instants, inside runs of steps, with caches from cramped
+    (evicting all the time) to ample."""
+    scenario = draw(base)
+    workload = {**scenario["workload"], "num_sessions": draw(st.integers(1, 12)),
+                "prefix": {"shared_tokens": draw(st.integers(0, 300)), "share": draw(st.sampled_from([0.5, 1.0])),
+                           "multi_turn": True, "max_context_tokens": draw(st.integers(200, 3000))}}
+    router = draw(st.sampled_from(["session", "prefix_affinity"]))
+    cluster = {"replicas": draw(st.integers(2, 3)), "router": router}
+    if router == "prefix_affinity":
+        cluster["prefix_affinity"] = draw(st.fixed_dictionaries({
+            "prefix_weight": st.sampled_from([0.0, 1.0, 3.0]), "queue_weight": st.sampled_from([1.0, 2.0]),
+            "cache_threshold": st.sampled_from([0.0, 0.3]),
+            "balance_abs_threshold": st.sampled_from([None, 0, 4])}))
+    batching = {**scenario["batching"], "mode": "continuous"}
+    kv_cache = {**scenario["kv_cache"], "enable_prefix_caching": True}
+    device = {**scenario["device"], "speculative": None}
+    return {**scenario, "workload": workload, "cluster": cluster, "batching": batching, "kv_cache": kv_cache,
+            "device": device}
+
+
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cache_routed(scenarios()))
+def test_fast_forward_equals_stepping_routed_by_cache(scenario):
+    assert_same_run(scenario)
 
 
 @settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])

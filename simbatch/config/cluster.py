@@ -21,6 +21,7 @@ from simbatch.config.base import (
     ClockNonNegS,
     ClockS,
     NonNegFloat,
+    NonNegInt,
     PosFloat,
     PosInt,
     Registered,
@@ -52,6 +53,34 @@ class ReplicaSpec(_Model):
     batching: Batching | None = Field(
         default=None, description="This group's batching, replacing the scenario's whole; the scenario's when omitted."
     )
+
+
+class PrefixAffinity(_Model):
+    """The ``prefix_affinity`` router's weights and guards (simbatch.engine.router).
+
+    Each replica scores ``prefix_weight x hit + queue_weight x queue``: ``hit`` the share of the
+    request's prompt tokens it holds cached, ``queue`` 1 for the replica with the fewest waiting
+    requests and 0 for the most (min-max normalized), as llm-d's prefix-cache-scorer and queue-scorer;
+    the defaults are llm-d's default profile's weights (3 and 2).
+    """
+
+    prefix_weight: NonNegFloat = Field(default=3.0, description="Weight of the cache hit (llm-d's "
+                                       "prefix-cache-scorer weight).")
+    queue_weight: NonNegFloat = Field(default=2.0, description="Weight of the waiting queue (llm-d's queue-scorer weight).")
+    cache_threshold: float = Field(default=0.0, ge=0, le=1, description="A hit below this share of the prompt "
+                                   "counts 0 (SGLang's --cache-threshold, 0.3 there; 0: every hit counts).")
+    balance_abs_threshold: NonNegInt | None = Field(
+        default=None, description="With balance_rel_threshold: when the replicas' outstanding requests differ by "
+        "more than this and max > balance_rel_threshold x min, route to the least outstanding (SGLang's "
+        "--balance-abs-threshold, 64 there); never when omitted.")
+    balance_rel_threshold: float = Field(default=1.5, ge=1, description="SGLang's --balance-rel-threshold (1.5).")
+
+    @model_validator(mode="after")
+    def _weighs_something(self) -> PrefixAffinity:
+        if self.prefix_weight == 0 and self.queue_weight == 0:
+            raise ValueError("prefix_weight and queue_weight are both 0, so every replica scores alike; give "
+                             "either a weight above 0")
+        return self
 
 
 MAX_TRANSFER_LATENCY_MS = 60_000.0
@@ -159,6 +188,8 @@ class Cluster(_Model):
     router: RouterName = Field(
         default="round_robin", description="Which replica an arriving request goes to (listed under Choices).",
     )
+    prefix_affinity: PrefixAffinity | None = Field(
+        default=None, description="The prefix_affinity router's weights and guards; llm-d's defaults when omitted.")
     signal_delay_ms: ClockMs = Field(
         default=0.0, description="Load-reading routers see each replica's state as it was this long ago, ms."
     )
@@ -214,6 +245,12 @@ class Cluster(_Model):
             if self.signal_delay_ms > 0:
                 raise ValueError(f"signal_delay_ms ({self.signal_delay_ms}) with cluster.autoscale is not modelled "
                                  "(snapshots of a fleet that changes); remove one of them")
+        if self.prefix_affinity is not None and self.router != "prefix_affinity":
+            raise ValueError(f"cluster.prefix_affinity with router {self.router}, which reads no cache; set "
+                             "router: prefix_affinity or remove prefix_affinity")
+        if ROUTERS[self.router].reads_cache and self.signal_delay_ms > 0:
+            raise ValueError(f"signal_delay_ms ({self.signal_delay_ms}) with router {self.router} is not modelled "
+                             "(a snapshot of every replica's prefix cache per request); remove signal_delay_ms")
         if self.signal_delay_ms > 0 and not ROUTERS[self.router].reads_load:
             raise ValueError(f"signal_delay_ms ({self.signal_delay_ms}) has no effect on router {self.router}, "
                              f"which reads no load; remove it or use one of {', '.join(load_routers())}")

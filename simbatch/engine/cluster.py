@@ -96,7 +96,7 @@ class Engine:
             self.observers = (*self.observers, self.autoscaler)
             for replica in self.replicas:
                 replica.observers = self.observers
-        self.router = make_router(scenario, workload.session)
+        self.router = make_router(scenario, workload.session, workload=workload)
         # Arrivals go to the prefill pool when prefill and decode are disaggregated, to every replica otherwise.
         self.dispatcher = None if scenario.cluster.disaggregated is None else \
             Dispatcher(self.env, scenario, self.replicas, self.recorder, workload.session, check_invariants)

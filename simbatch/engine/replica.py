@@ -35,6 +35,7 @@ import simpy
 from simbatch.config import Scenario
 from simbatch.engine.accel import engine_scheduler
 from simbatch.features import hooks
+from simbatch.memory.kv import content_of, lookup_blocks
 from simbatch.model.clock import NS_PER_S, Late, ceil_ns
 from simbatch.model.cost import LinearCost, StepRun
 from simbatch.model.request import Request
@@ -114,6 +115,15 @@ class Replica:
             i = self._run_durations.reach(self._run_offset, self.env.now - self._run_start_ns)
             return self.accel.kv_blocks_during(self._run_offset + i)
         return self.scheduler.kv_blocks_used
+
+    def prefix_hit_tokens(self, probe) -> int:
+        """Prompt tokens of ``probe`` (a request about to be routed) this replica's prefix cache holds
+        now, in whole blocks from the first, as its scheduler would find them (for prefix_affinity)."""
+        kv = self.scheduler.kv
+        if not kv.caching:
+            return 0
+        bs = kv.block_size
+        return len(kv.device.lookup(content_of(probe, bs), lookup_blocks(probe, bs))) * bs
 
     @property
     def kv_blocks_total(self) -> int:
