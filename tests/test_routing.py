@@ -127,3 +127,15 @@ def test_prefix_affinity_keys_need_the_router_and_a_live_view():
     with pytest.raises(ValueError, match="remove signal_delay_ms"):
         Scenario.model_validate({"workload": {"num_requests": 4},
                                  "cluster": {"router": "prefix_affinity", "signal_delay_ms": 5}})
+
+
+def test_a_comparison_of_routers_draws_their_gain(tmp_path):
+    from simbatch.app.plots import save_compare_plots
+
+    runs = {f"router={r}": simulate(Scenario.model_validate({**chat(r, 2), "workload": {
+        **chat(r, 2)["workload"], "num_requests": 60}})) for r in ("round_robin", "session")}
+    names = {p.name for p in save_compare_plots(tmp_path, runs)}
+    assert "routing_gain.png" in names and (tmp_path / "routing_gain.png").read_bytes()[:4] == b"\x89PNG"
+    same = {"a": runs["router=session"], "b": runs["router=session"]}
+    (tmp_path / "same").mkdir()
+    assert "routing_gain.png" not in {p.name for p in save_compare_plots(tmp_path / "same", same)}

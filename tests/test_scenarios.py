@@ -93,6 +93,14 @@ def test_autoscale_day_beats_a_fixed_fleet_of_the_same_cost():
     assert result.summary["cost_usd"] == pytest.approx(result.summary["gpu_hours"] * 0.8936)
 
 
+def test_cache_routing_keeps_conversations_where_they_are_cached():
+    """The lesson's figures: prefix_affinity ~89 % of prompt tokens cached against round robin's ~56 %,
+    and a p99 TTFT tens of times shorter."""
+    aware, blind = run("cache_routing").summary, run("cache_routing", "cluster.router=round_robin").summary
+    assert aware["prefix_cache_hit_rate"] > 0.85 > 0.6 > blind["prefix_cache_hit_rate"]
+    assert blind["p99_ttft_ms"] > 20 * aware["p99_ttft_ms"]
+
+
 def test_long_prompts_chunking_removes_the_itl_stutter():
     chunked = run("long_prompts", "workload.num_requests=120")
     whole = run("long_prompts", "workload.num_requests=120", "batching.enable_chunked_prefill=false",

@@ -17,6 +17,7 @@ from simbatch.app.plots.disaggregated import handover
 from simbatch.app.plots.figure import Frames, Run, save_figure
 from simbatch.app.plots.latency import e2e_histogram, latency_by_request, ttft_cdf
 from simbatch.app.plots.prefix import prefix_cache
+from simbatch.app.plots.routing import routing_gain
 from simbatch.app.plots.speculative import speculative_decoding
 from simbatch.app.plots.timeseries import (
     batch_size,
@@ -94,4 +95,6 @@ def save_compare_plots(folder: Path, results: Mapping[str, Frames]) -> list[Path
                and r.requests["num_cached_tokens"].any()}
     if caching:
         figures["prefix_cache"] = prefix_cache(with_ttft)  # every run, those without a cache at 0 %
+    if len({s.cluster.router for s in scenarios}) > 1 and len(scenarios) == len(with_ttft):
+        figures["routing_gain"] = routing_gain(with_ttft)  # routers compared on the same requests
     return [save_figure(fig, folder / f"{name}.png") for name, fig in figures.items()]
