@@ -139,3 +139,20 @@ def test_a_comparison_of_routers_draws_their_gain(tmp_path):
     same = {"a": runs["router=session"], "b": runs["router=session"]}
     (tmp_path / "same").mkdir()
     assert "routing_gain.png" not in {p.name for p in save_compare_plots(tmp_path / "same", same)}
+
+
+def test_next_taken_is_what_an_allocation_would_take_from_the_queue():
+    """What the prefix_affinity router treats as evicted inside an accelerated run of steps."""
+    import copy
+
+    from simbatch.memory.prefix_cache import CachingBlockPool
+
+    pool = CachingBlockPool(10)
+    held = pool.allocate(8)
+    pool.free(held[:5])            # queued tail-first: 4, 3, 2, 1, 0
+    pool.touch([2])                # a lookup took block 2 back off the queue
+    assert pool.next_taken(2).tolist() == []                 # two never-used blocks come first
+    for n in (3, 5, 6):
+        ahead = copy.deepcopy(pool).allocate(n)
+        assert pool.next_taken(n).tolist() == [b for b in ahead if b < 8]
+    assert pool.next_taken(5).tolist() == [4, 3, 1]

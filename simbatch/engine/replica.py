@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import simpy
 
 from simbatch.config import Scenario
@@ -123,7 +124,15 @@ class Replica:
         if not kv.caching:
             return 0
         bs = kv.block_size
-        return len(kv.device.lookup(content_of(probe, bs), lookup_blocks(probe, bs))) * bs
+        hits = kv.device.lookup(content_of(probe, bs), lookup_blocks(probe, bs))
+        # Inside a run of steps the accelerated engine takes the run's blocks at its end; stepping one
+        # at a time has taken those of the steps begun so far, evicting what they took: not found.
+        pending = self.kv_blocks_used - self.scheduler.kv_blocks_used if self._run_durations is not None else 0
+        if pending > 0 and len(hits):
+            gone = np.isin(hits, kv.device.next_taken(pending))
+            if gone.any():
+                return int(gone.argmax()) * bs
+        return len(hits) * bs
 
     @property
     def kv_blocks_total(self) -> int:
