@@ -99,7 +99,7 @@ class Engine:
         self.router = make_router(scenario, workload.session, workload=workload)
         # Arrivals go to the prefill pool when prefill and decode are disaggregated, to every replica otherwise.
         self.dispatcher = None if scenario.cluster.disaggregated is None else \
-            Dispatcher(self.env, scenario, self.replicas, self.recorder, workload.session, check_invariants)
+            Dispatcher(self.env, scenario, self.replicas, self.recorder, workload, check_invariants)
         self.entry = self.replicas if self.dispatcher is None else self.dispatcher.prefill
         if self.autoscaler is not None:
             self.entry = self.autoscaler.active  # changed in place as replicas start and drain

@@ -89,7 +89,7 @@ def test_prefix_affinity_cuts_the_p99_ttft_of_round_robin(sim, check, mode):
     """scenarios/cache_routing.yaml's traffic (300 s, ~6,000 requests), paired by seed; the first
     minutes, caches cold and queues short, are where prefix_affinity's warm replica is hottest, so a
     shorter run does not show the gain."""
-    from simbatch.config.loading import load_scenario
+    from simbatch.inputs.loading import load_scenario
 
     seeds = range(mode.pick(5, 12))
     base = load_scenario(SCENARIO).model_dump(mode="json", exclude_unset=True)
