@@ -31,10 +31,32 @@ from collections.abc import Callable
 import simpy
 
 from simbatch.config import Autoscale
+from simbatch.engine.replica import Replica
 from simbatch.model.clock import NS_PER_S, Urgent, to_ns
 from simbatch.observe.observers import Observer
 
 OFF, STARTING, READY, DRAINING = "off", "starting", "ready", "draining"
+
+
+class ScaledReplica(Replica):
+    """A replica of an autoscaled fleet: one that also counts its time asleep, for the busy fraction
+    (the rest is steps; both engines sleep at the same instants). A class of its own so that a fixed
+    fleet's replicas keep their attributes, and their memory, as they are."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._idle_ns, self._idle_since = 0, None
+
+    def busy_ns(self, now_ns: int) -> int:
+        """Time spent computing steps up to ``now_ns`` (all but the sleeps), ns."""
+        asleep = now_ns - self._idle_since if self._idle_since is not None else 0
+        return now_ns - self._idle_ns - asleep
+
+    def _sleep(self, answer):
+        self._idle_since = self.env.now
+        yield from super()._sleep(answer)
+        self._idle_ns += self.env.now - self._idle_since
+        self._idle_since = None
 
 
 def desired_replicas(spec: Autoscale, ready: int, metric: float) -> int:

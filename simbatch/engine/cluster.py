@@ -20,7 +20,7 @@ import numpy as np
 import simpy
 
 from simbatch.config import Scenario, replica_scenarios
-from simbatch.engine.autoscale import Autoscaler
+from simbatch.engine.autoscale import Autoscaler, ScaledReplica
 from simbatch.engine.client import Client
 from simbatch.engine.disaggregated import Dispatcher
 from simbatch.engine.replica import Replica
@@ -129,8 +129,9 @@ class Engine:
 
     def _replica(self, i: int) -> Replica:
         """Replica ``i``, a new engine: built at the start, and again when an autoscaler restarts it."""
-        replica = Replica(self.env, i, self.replica_scenarios[i], self.recorder, self.workload.tenant_names,
-                          self._check_invariants, self.observers)
+        kind = Replica if self.scenario.cluster.autoscale is None else ScaledReplica
+        replica = kind(self.env, i, self.replica_scenarios[i], self.recorder, self.workload.tenant_names,
+                       self._check_invariants, self.observers)
         replica.plans_after_sends = self.client is not None
         if self.arrivals_done:
             replica.close()

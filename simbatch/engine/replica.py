@@ -96,8 +96,6 @@ class Replica:
         # In a disaggregated cluster: "prefill" or "decode", and the dispatcher between the pools.
         self.pool: str | None = None
         self.dispatcher = None
-        # Time spent asleep (nothing to compute), ns, for the autoscaler's busy fraction: the rest is steps.
-        self._idle_ns, self._idle_since = 0, None
         self.process = env.process(self._run())
 
     # ---------------------------------------------------------------- what the router sees
@@ -160,20 +158,13 @@ class Replica:
             return self.cost.plan_ns(plan)
         return self.cost.plan_ns(plan, sum(ms(plan) for ms in self._feature_ms))
 
-    def busy_ns(self, now_ns: int) -> int:
-        """Time this replica has spent computing steps up to ``now_ns`` (all but its sleeps), ns."""
-        asleep = now_ns - self._idle_since if self._idle_since is not None else 0
-        return now_ns - self._idle_ns - asleep
-
     def _sleep(self, answer: SleepUntil | Idle):
         """Wait for an arrival, or until the scheduler's timer falls due."""
         self._wake = self.env.event()
-        self._idle_since = self.env.now
         # A timer due at a time the grid rounds below ``now`` still waits one tick: time advances.
         yield self._wake if answer is IDLE else \
             (self._wake | self.env.timeout(max(1, ceil_ns(answer.time_s) - self.env.now)))
-        self._idle_ns += self.env.now - self._idle_since
-        self._wake = self._idle_since = None
+        self._wake = None
 
     def _planned(self, plan: StepPlan, now_s: float) -> StepShape:
         """What every step does once planned: check, count the waiting change, and shape its row."""
