@@ -8,6 +8,7 @@ bill exactly the area under its replica count.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -174,3 +175,24 @@ def test_the_workload_of_a_rate_curve_is_drawn_up_front_like_any_other():
     a, b = generate(sc), generate(sc)
     assert len(a) > 1000 and np.array_equal(a.arrival_s, b.arrival_s)
     assert pd.Series(a.arrival_s).is_monotonic_increasing
+
+
+def test_a_result_folders_scenario_reloads_with_its_rate_curve(tmp_path):
+    """The effective scenario spells out every default but the curve's rate, which it replaces; a
+    trace's curve names its file absolutely, and the file is hashed in run.json."""
+    from simbatch.app.scenario_file import scenario_yaml
+    from simbatch.inputs.loading import load_scenario
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n0.0,10,5\n1.5,10,5\n")
+    given = tmp_path / "s.yaml"
+    given.write_text("workload:\n  duration_s: 20\n  arrival:\n    rate_curve: {kind: trace, trace: {path: t.csv}, "
+                     "window_s: 1}\n")
+    scenario = load_scenario(given)
+    assert scenario.data_files() == {"workload.arrival.rate_curve.trace.path": Path("t.csv")}
+    (tmp_path / "out").mkdir()
+    effective = tmp_path / "out" / "scenario.yaml"
+    effective.write_text(scenario_yaml(scenario))
+    again = load_scenario(effective)
+    assert str(again.workload.arrival.rate_curve.trace.path) == str(trace.resolve())
+    assert np.array_equal(generate(again).arrival_s, generate(scenario).arrival_s)

@@ -29,7 +29,7 @@ from simbatch.config.provenance import Resolution
 from simbatch.config.scheduler import Scheduler
 from simbatch.config.sim import Sim
 from simbatch.config.slo import SLO
-from simbatch.config.workload import Workload
+from simbatch.config.workload import TraceCurve, Workload
 from simbatch.registry import FEATURES, MODES
 
 
@@ -230,6 +230,9 @@ class Scenario(_Model):
         """
         wl = self.workload
         files = {} if wl.trace is None else {"workload.trace.path": wl.trace.path}
+        curve = wl.arrival.rate_curve if wl.arrival is not None else None
+        if isinstance(curve, TraceCurve):
+            files["workload.arrival.rate_curve.trace.path"] = curve.trace.path
         dists = [("workload.prompt_tokens", wl.prompt_tokens), ("workload.output_tokens", wl.output_tokens)]
         for i, cls in enumerate(wl.classes or []):
             dists += [(f"workload.classes.{i}.prompt_tokens", cls.prompt_tokens),
