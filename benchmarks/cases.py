@@ -16,6 +16,11 @@ for its head layout (32 query, 8 KV heads of 128) on an H100, times 32 layers
 (``../shared/data/hardware/blis_h100_attention_*_kernels.csv``); ~0.03 ms a prompt token for the
 matmuls (16 GFLOP at ~60 % of 989 TFLOP/s).
 
+B9 is a day of B1's traffic on an autoscaled fleet: the request rate follows a sinusoidal daily curve
+(a million requests in the day) and replicas of B1's device start and stop by Kubernetes' HPA rule;
+its target is twice B2's, a million requests on one replica (a fleet cannot run ahead of SimPy as a
+lone replica does, and the autoscaler reads the fleet every 15 s).
+
 B7 and B8 are shaped like peer simulators' own workloads (files in ``benchmarks/data``, whose README
 says how each was made). B7 is the continuous-batching chapter's toy scheduler
 (``scenarios/chapter_toy.yaml``) on 5,000 of its requests: one iteration is a second whatever the
@@ -104,6 +109,21 @@ def azure_conversations() -> Scenario:
     })
 
 
+def autoscaled_day(num_requests: int = 1_000_000, fast_forward: bool = True) -> Scenario:
+    """B9: B1's requests over a day on an autoscaled fleet of B1's device: a sinusoidal daily curve whose
+    mean puts ``num_requests`` in the day (11.6 req/s for a million), from 0.4 to 1.6 times it, peaking
+    at 14:00; HPA's rule on 8 requests per replica (B1 holds 21 at its rho ~0.7, where its steps slow down with the batch), 1 to 16 replicas, 120 s to start,
+    300 s of scale-down stabilization, evaluated every 15 s (Kubernetes' defaults)."""
+    day = conversation(num_requests, fast_forward=fast_forward).model_dump(mode="json", exclude_unset=True)
+    day["name"] = "bench-autoscaled-day"
+    day["workload"]["arrival"] = {"rate_curve": {"kind": "sinusoidal", "mean": num_requests / 86_400,
+                                                 "amplitude": 0.6, "period_s": 86_400, "peak_s": 14 * 3600}}
+    day["cluster"] = {"replicas": 2, "router": "least_outstanding", "autoscale": {
+        "metric": "queue_per_replica", "target": 8, "min_replicas": 1, "max_replicas": 16,
+        "startup_delay_s": 120, "cooldown_s": 300, "interval_s": 15}}
+    return Scenario.model_validate(day)
+
+
 # name -> (description, scenario factory, target seconds or None)
 CASES = {
     "B1": ("10k requests, stable load (rho ~0.7), continuous + chunked prefill",
@@ -125,4 +145,6 @@ CASES = {
            chapter_toy, None),
     "B8": ("5,000 Poisson arrivals at 2 req/s, Azure 2023 conversation (prompt, output) pairs, no chunking",
            azure_conversations, None),
+    "B9": ("a day of B1's traffic, 1M requests on a sinusoidal curve, on a fleet autoscaled from 1 to 16 replicas",
+           autoscaled_day, 120.0),
 }

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from simbatch.analysis.autoscale import autoscale_summary, fleet_frame
 from simbatch.analysis.capacity import Stability, expected_stability
 from simbatch.analysis.summary import iterations_frame, requests_frame, summarize
 from simbatch.config import Scenario
@@ -30,6 +31,7 @@ class Result:
     summary: dict
     stability: Stability
     stall_gaps_s: list[float] = field(default_factory=list, repr=False)
+    fleet: pd.DataFrame | None = None  # an autoscaled fleet's changes (simbatch.analysis.autoscale.fleet_frame)
 
 
 def simulate(scenario: Scenario, *, check_invariants: bool = False,
@@ -58,5 +60,9 @@ def simulate(scenario: Scenario, *, check_invariants: bool = False,
     pools = scenario.cluster.disaggregated
     iterations = iterations_frame(engine.recorder, None if pools is None else pools.prefill.count)
     summary = summarize(scenario, requests, iterations, engine.recorder, end_s)
+    fleet = None
+    if engine.autoscaler is not None:
+        fleet = fleet_frame(engine.autoscaler.events)
+        summary |= autoscale_summary(scenario, fleet, end_s)
     return Result(scenario, requests, iterations, summary, expected_stability(scenario, workload),
-                  list(engine.recorder.stall_gaps_s))
+                  list(engine.recorder.stall_gaps_s), fleet)

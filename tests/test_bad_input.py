@@ -106,6 +106,18 @@ CASES = [
     ("speculative_spread_of_nothing", edited("  beta_ms: 0.2\n", WITH_DRAFTS.replace("0.5", "0") +
                                              "    acceptance_rate_concentration: 4\n"), (),
      "s.yaml:10:5: device.speculative:", ["acceptance_rate_concentration with acceptance_rate 0", "remove"]),
+    ("rate_with_rate_curve", edited("rate: 2", "rate: 2\n    rate_curve: {kind: sinusoidal, mean: 3}"), (),
+     "s.yaml:5:5: workload.arrival:", ["rate (2) with rate_curve", "remove rate"]),
+    ("rate_curve_unordered", edited("rate: 2", "rate_curve: {kind: piecewise, points: [[10, 1], [5, 2]]}"), (),
+     "s.yaml:5:17: workload.arrival.rate_curve.piecewise:", ["must increase strictly", "sort them"]),
+    ("rate_curve_bad_kind", edited("rate: 2", "rate_curve: {kind: weekly, mean: 3}"), (),
+     "s.yaml:5:17: workload.arrival.rate_curve:", ["'weekly'", "piecewise"]),
+    ("autoscale_min_above_max", GOOD + "cluster:\n  autoscale: {target: 0.7, min_replicas: 4, max_replicas: 2}\n", (),
+     "s.yaml:16:14: cluster.autoscale:", ["min_replicas (4) is above max_replicas (2)", "raise max_replicas"]),
+    ("autoscale_busy_target_above_one", GOOD + "cluster:\n  autoscale: {target: 70, max_replicas: 4}\n", (),
+     "s.yaml:16:14: cluster.autoscale:", ["target 70 for busy_fraction", "0.7"]),
+    ("autoscale_replicas_outside", GOOD + "cluster:\n  replicas: 9\n  autoscale: {target: 0.7, max_replicas: 4}\n",
+     (), "s.yaml:16:3: cluster:", ["cluster.replicas (9)", "[1, 4]", "set it within them"]),
     ("speculative_static", edited("  beta_ms: 0.2\n", WITH_DRAFTS), ("--set", "batching.mode=static"),
      "s.yaml:1:1: device.speculative with a request-level batching mode", ["use batching.mode: continuous"]),
 ]

@@ -24,7 +24,7 @@ def test_flags_set_the_scenario_and_the_summary_follows_vllms_names(tmp_path):
         "--goodput", "tpot:30", "--no-plots", "--out", str(out)])
     assert result.exit_code == 0, result.stderr
     config = json.loads((out / "resolved_config.json").read_text())
-    assert config["workload"]["arrival"] == {"process": "gamma", "rate": 5.0, "burstiness": 0.5}
+    assert config["workload"]["arrival"] == {"process": "gamma", "rate": 5.0, "burstiness": 0.5, "rate_curve": None}
     assert config["workload"]["num_requests"] == 60
     assert config["metrics"] == {"percentile_metrics": ["ttft", "itl"], "metric_percentiles": [50.0, 95.0, 99.9]}
     assert config["slo"] == {"ttft_ms": 45.0, "tpot_ms": 30.0, "e2el_ms": 14000.0}

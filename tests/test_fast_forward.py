@@ -54,6 +54,8 @@ def assert_same_run(scenario: dict) -> None:
     pd.testing.assert_frame_equal(reference.requests, fast.requests, check_exact=True)
     pd.testing.assert_frame_equal(reference.iterations, fast.iterations, check_exact=True)
     assert sorted(reference.stall_gaps_s) == sorted(fast.stall_gaps_s)  # a multiset: replicas interleave
+    if reference.fleet is not None:  # an autoscaled fleet starts and stops its replicas alike
+        pd.testing.assert_frame_equal(reference.fleet, fast.fleet, check_exact=True)
     for key, ref in reference.summary.items():
         got = fast.summary[key]
         assert (math.isnan(ref) and math.isnan(got)) or ref == got, key
@@ -145,6 +147,67 @@ def scenarios(draw) -> dict:
 @settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_fast_forward_equals_stepping(scenario):
+    assert_same_run(scenario)
+
+
+@st.composite
+def autoscaled(draw, base) -> dict:
+    """A scenario on an autoscaled fleet under a rate curve: replicas start, become ready and drain
+    between and inside runs of steps, at evaluation instants that may tie with arrivals and step ends."""
+    scenario = draw(base)
+    workload = dict(scenario["workload"])
+    period = draw(st.floats(5, 60))
+    workload["arrival"] = {"rate_curve": draw(st.one_of(
+        st.fixed_dictionaries({"kind": st.just("sinusoidal"), "mean": st.floats(0.5, 40),
+                               "amplitude": st.floats(0, 1), "period_s": st.just(period), "peak_s": st.floats(0, 60)}),
+        st.builds(lambda a, b, c: {"kind": "piecewise", "points": [[0, a], [period / 3, b], [2 * period / 3, c]],
+                                   "period_s": period}, st.floats(0, 40), st.floats(0.1, 60), st.floats(0, 40))))}
+    metric = draw(st.sampled_from(["queue_per_replica", "busy_fraction"]))
+    top = draw(st.integers(1, 4))
+    autoscale = {"metric": metric, "target": draw(st.floats(0.5, 6) if metric == "queue_per_replica" else
+                                                  st.floats(0.1, 1)),
+                 "min_replicas": 1, "max_replicas": top, "startup_delay_s": draw(st.sampled_from([0.0, 0.5, 2.0])),
+                 "cooldown_s": draw(st.sampled_from([0.0, 1.0, 5.0])),
+                 "interval_s": draw(st.sampled_from([0.125, 0.25, 1.0, 0.37])),
+                 "tolerance": draw(st.sampled_from([0.0, 0.1]))}
+    cluster = {"replicas": draw(st.integers(1, top)), "autoscale": autoscale,
+               "router": draw(st.sampled_from(["round_robin", "random", "least_outstanding", "least_kv",
+                                               "power_of_two", "session_affinity", "session", "prefix_affinity"]))}
+    return {**scenario, "workload": workload, "cluster": cluster}
+
+
+@st.composite
+def cache_routed(draw, base) -> dict:
+    """Conversations with a system prompt on a fleet routed by what each replica holds cached: the
+    routers read the prefix caches at arrival instants, inside runs of steps, with caches from cramped
+    (evicting all the time) to ample."""
+    scenario = draw(base)
+    workload = {**scenario["workload"], "num_sessions": draw(st.integers(1, 12)),
+                "prefix": {"shared_tokens": draw(st.integers(0, 300)), "share": draw(st.sampled_from([0.5, 1.0])),
+                           "multi_turn": True, "max_context_tokens": draw(st.integers(200, 3000))}}
+    router = draw(st.sampled_from(["session", "prefix_affinity"]))
+    cluster = {"replicas": draw(st.integers(2, 3)), "router": router}
+    if router == "prefix_affinity":
+        cluster["prefix_affinity"] = draw(st.fixed_dictionaries({
+            "prefix_weight": st.sampled_from([0.0, 1.0, 3.0]), "queue_weight": st.sampled_from([1.0, 2.0]),
+            "cache_threshold": st.sampled_from([0.0, 0.3]),
+            "balance_abs_threshold": st.sampled_from([None, 0, 4])}))
+    batching = {**scenario["batching"], "mode": "continuous"}
+    kv_cache = {**scenario["kv_cache"], "enable_prefix_caching": True}
+    device = {**scenario["device"], "speculative": None}
+    return {**scenario, "workload": workload, "cluster": cluster, "batching": batching, "kv_cache": kv_cache,
+            "device": device}
+
+
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cache_routed(scenarios()))
+def test_fast_forward_equals_stepping_routed_by_cache(scenario):
+    assert_same_run(scenario)
+
+
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(autoscaled(scenarios()))
+def test_fast_forward_equals_stepping_autoscaled(scenario):
     assert_same_run(scenario)
 
 
@@ -366,7 +429,7 @@ def test_the_scenario_library_runs_alike_on_both_engines(path):
     assert_same_run(scenario)
 
 
-@pytest.mark.parametrize("name", ["B1", "B3", "B4", "B5", "B7", "B8"])
+@pytest.mark.parametrize("name", ["B1", "B3", "B4", "B5", "B7", "B8", "B9"])
 def test_the_benchmark_workloads_run_alike_on_both_engines(name):
     from benchmarks.cases import CASES  # the benchmarks' own scenarios, at a test's size
 

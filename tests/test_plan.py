@@ -28,13 +28,13 @@ from simbatch.analysis.planning import (
 from simbatch.app.cli import app
 from simbatch.app.plan.launch import vllm_serve
 from simbatch.app.plan.limits import ATTAINMENT, INCOMPLETE, Limit, binding, failures, with_derived
-from simbatch.app.plan.prices import Prices
 from simbatch.app.plan.question import Flags, search_space
 from simbatch.app.plan.space import Layout, SearchSpace, SpaceError, configurations
 from simbatch.app.sweep.capacity import CapacitySearch
 from simbatch.app.sweep.runner import Executor
 from simbatch.config import Batching, Device
 from simbatch.inputs.loading import load_scenario, scenario_from_dict
+from simbatch.inputs.prices import Prices
 from simbatch.model.cost import LinearCost
 from simbatch.simulation import simulate
 

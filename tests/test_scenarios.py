@@ -29,7 +29,7 @@ def test_the_library_is_complete():
 
 # Scenarios whose folders draw figures the others do not (a fleet's, the prefix cache's, the hand-over's,
 # an SLO line): their runs draw the plots; the rest skip them, which every other run here would draw alike.
-PLOTTED = {"oversubscribed", "oversubscribed_fleet", "prefix_caching", "disaggregated", "stable"}
+PLOTTED = {"oversubscribed", "oversubscribed_fleet", "prefix_caching", "disaggregated", "stable", "autoscale_day"}
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=NAMES)
@@ -39,12 +39,16 @@ def test_every_scenario_runs_through_the_cli(tmp_path, path):
     result = invoke("run", path, "--set", "workload.num_requests=40", *plots, "--out", out)
     assert result.exit_code == 0, result.stderr
     assert "Stability check" in result.stdout and "Serving Benchmark Result" in result.stdout
-    assert {p.name for p in out.iterdir()} == (RUN_FILES if not plots else RUN_FILES - {"plots", "report.html"})
+    fleet = {"fleet.csv"} if load_scenario(path).cluster.autoscale is not None else set()
+    assert {p.name for p in out.iterdir()} == (RUN_FILES if not plots else RUN_FILES - {"plots", "report.html"}) | fleet
     summary = json.loads((out / "summary.json").read_text())
     assert summary["completed"] + summary["rejected"] + summary["unfinished"] == summary["num_requests"] > 0
     if path.stem == "disaggregated":  # its own columns and plot
         assert {"decode_replica", "kv_transfer_s"} <= set((out / "requests.csv").read_text().split("\n")[0].split(","))
         assert (out / "plots" / "handover.png").is_file()
+    if fleet:  # replicas over time, and the fixed fleet of the same cost
+        assert (out / "plots" / "autoscaling.png").is_file() and "Autoscaled fleet:" in result.stdout
+        assert summary["fixed_fleet_replicas"] >= 1 and summary["gpu_hours"] > 0
     assert summary["littles_law_rel_error"] < 1e-6
     # Results land under the scenario's own name; a lesson names its file.
     assert load_scenario(path).name == path.stem
@@ -76,6 +80,25 @@ def test_stable_and_bursty_same_load_different_tails():
     assert bursty.stability.offered_load == pytest.approx(stable.stability.offered_load, rel=0.15)
     assert stable.summary["p99_ttft_ms"] < 2 * stable.summary["median_ttft_ms"]
     assert bursty.summary["p99_ttft_ms"] > 20 * stable.summary["p99_ttft_ms"]
+
+
+def test_autoscale_day_beats_a_fixed_fleet_of_the_same_cost():
+    """The lesson's figures: ~3.2 replicas on average, and a fixed fleet of that cost misses the SLO far more."""
+    from simbatch.app.equal_cost import equal_cost_fleet
+
+    result = run("autoscale_day")
+    compared = equal_cost_fleet(result)
+    assert 2.5 < result.summary["mean_replicas"] < 4.0 and result.summary["peak_replicas"] <= 12
+    assert compared["fixed_fleet_slo_violation_rate"] > 3 * compared["autoscaled_slo_violation_rate"]
+    assert result.summary["cost_usd"] == pytest.approx(result.summary["gpu_hours"] * 0.8936)
+
+
+def test_cache_routing_keeps_conversations_where_they_are_cached():
+    """The lesson's figures: prefix_affinity ~89 % of prompt tokens cached against round robin's ~56 %,
+    and a p99 TTFT tens of times shorter."""
+    aware, blind = run("cache_routing").summary, run("cache_routing", "cluster.router=round_robin").summary
+    assert aware["prefix_cache_hit_rate"] > 0.85 > 0.6 > blind["prefix_cache_hit_rate"]
+    assert blind["p99_ttft_ms"] > 20 * aware["p99_ttft_ms"]
 
 
 def test_long_prompts_chunking_removes_the_itl_stutter():

@@ -274,7 +274,7 @@ def summarize(scenario: Scenario, requests: pd.DataFrame, iterations: pd.DataFra
         "arrival_rate": lam,
         "littles_law_rel_error": abs(L - lam * W) / L if L > 0 else 0.0,
     }
-    replicas = scenario.cluster.replicas
+    replicas = scenario.cluster.fleet_size
     out |= engine_stats(scenario, iterations, end_s, range(replicas))
     out["num_preemptions"] = int(requests["num_preemptions"].sum())
     if scenario.cluster.disaggregated is not None:
@@ -290,7 +290,7 @@ def summarize(scenario: Scenario, requests: pd.DataFrame, iterations: pd.DataFra
 def engine_stats(scenario: Scenario, iterations: pd.DataFrame, end_s: float, replicas: range) -> dict[str, float]:
     """``busy_fraction``, ``num_steps``, ``mean_batch_size`` and ``mean_kv_usage`` over ``replicas``."""
     duration = end_s
-    rows = iterations[iterations["replica"].isin(replicas)] if len(replicas) < scenario.cluster.replicas else iterations
+    rows = iterations[iterations["replica"].isin(replicas)] if len(replicas) < scenario.cluster.fleet_size else iterations
     steps = rows["num_steps"].to_numpy()
     busy = busy_s(rows, end_s)
     kv_total = np.array([s.kv_cache.num_blocks for s in replica_scenarios(scenario)])[rows["replica"]]

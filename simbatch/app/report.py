@@ -200,6 +200,26 @@ def littles_law_line(summary: Mapping) -> str:
             f"{_fmt(lam_w)}; difference {_fmt(100 * summary['littles_law_rel_error'], 4)} %")
 
 
+def autoscale_lines(summary: Mapping) -> str:
+    """An autoscaled fleet's account: replicas, GPU-hours and cost, and the fixed fleet of the same
+    cost on the same requests (simbatch.app.equal_cost); "" for a fixed fleet."""
+    if "gpu_hours" not in summary:
+        return ""
+    cost = f", ${summary['cost_usd']:.2f} at ${summary['usd_per_gpu_hour']:.4g}/GPU-h" if "cost_usd" in summary else \
+        " (no price: set cluster.autoscale.usd_per_gpu_hour, or a device.preset whose GPU the prices file lists)"
+    text = (f"Autoscaled fleet: {summary['mean_replicas']:.2f} replicas on average (peak {summary['peak_replicas']}), "
+            f"{summary['scale_ups']} started, {summary['scale_downs']} drained; {summary['gpu_hours']:.2f} GPU-hours{cost}")
+    if "fixed_fleet_replicas" in summary:
+        def pct(x: float) -> str:
+            return "n/a (no slo set)" if math.isnan(x) else f"{100 * x:.1f} %"
+
+        text += (f"\nA fixed fleet of the same cost ({summary['fixed_fleet_replicas']} replicas): SLO missed by "
+                 f"{pct(summary['fixed_fleet_slo_violation_rate'])} of requests (autoscaled: "
+                 f"{pct(summary['autoscaled_slo_violation_rate'])}), p99 TTFT {_fmt(summary['fixed_fleet_p99_ttft_ms'])} ms "
+                 f"(autoscaled: {_fmt(summary['autoscaled_p99_ttft_ms'])} ms)")
+    return text
+
+
 def tenant_table(requests: pd.DataFrame) -> str:
     """Latency per tenant (finished requests), or "" when there is one tenant only."""
     tenants = requests["tenant"].cat.categories

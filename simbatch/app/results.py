@@ -16,6 +16,7 @@ Layout of one run::
     summary.json           vLLM-named metrics plus the stability check
     requests.csv           one row per request      (+ requests.parquet when pyarrow is installed)
     iterations.csv         one row per run of steps (+ iterations.parquet)
+    fleet.csv              an autoscaled fleet's changes, with the replicas after each (+ fleet.parquet)
     plots/*.png
     report.html            the interactive report (simbatch.app.webreport; `simbatch view FOLDER` opens it)
     trace.json             with --trace: a Chrome trace of steps and requests (simbatch.observe.perfetto)
@@ -244,7 +245,8 @@ def _write_run_files(folder: Path, result: Result) -> None:
     _write_json(folder / "resolved_config.json", json_safe(result.scenario.model_dump(mode="json"), str))
     _write_json(folder / "summary.json", summary_record(result))
     write_frames(folder, {"requests": result.requests, "iterations": result.iterations,
-                          "stall_gaps": pd.DataFrame({"stall_gap_s": np.sort(np.asarray(result.stall_gaps_s))})})
+                          "stall_gaps": pd.DataFrame({"stall_gap_s": np.sort(np.asarray(result.stall_gaps_s))}),
+                          **({"fleet": result.fleet} if result.fleet is not None else {})})
 
 
 def _write_provenance(folder: Path, scenario: Scenario) -> None:

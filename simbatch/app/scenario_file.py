@@ -22,6 +22,9 @@ def effective_scenario(scenario: Scenario) -> dict:
         # invalid (the loader refuses settings a trace ignores).
         for key in ("arrival", "prompt_tokens", "output_tokens"):
             data["workload"].pop(key)
+    arrival = scenario.workload.arrival
+    if arrival is not None and arrival.rate_curve is not None:
+        data["workload"]["arrival"].pop("rate")  # the curve gives the rate (the loader refuses both)
     for key, path in scenario.data_files().items():
         node = data
         *parents, last = key.split(".")

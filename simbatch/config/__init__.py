@@ -28,7 +28,7 @@ from simbatch.config.base import (
 )
 from simbatch.config.batching import Batching
 from simbatch.config.cards import GpuCard, ModelCard
-from simbatch.config.cluster import Cluster, Disaggregated, KVTransfer, ReplicaSpec
+from simbatch.config.cluster import Autoscale, Cluster, Disaggregated, KVTransfer, ReplicaSpec
 from simbatch.config.device import DEVICE_COSTS, Device, MoE, Speculative
 from simbatch.config.frontend import Frontend
 from simbatch.config.kv_cache import KVCache
@@ -55,7 +55,7 @@ from simbatch.config.workload import Arrival, ClosedLoop, Prefix, RequestClass, 
 
 __all__ = [
     "DATASET_SHAPES", "DEVICE_COSTS", "LATENCY_METRICS", "MAX_CONTEXT_COST_MS", "MAX_FRONTEND_MS", "MAX_RATE",
-    "MAX_TOKENS", "SLO", "Arrival", "Batching", "Choice", "ClosedLoop", "Cluster", "DatasetShape", "Device", "MoE",
+    "MAX_TOKENS", "SLO", "Arrival", "Autoscale", "Batching", "Choice", "ClosedLoop", "Cluster", "DatasetShape", "Device", "MoE",
     "Disaggregated", "Empirical", "Exponential", "Fixed", "Frontend", "GpuCard", "KVCache", "KVTransfer", "LengthDist",
     "LogNormal", "MeanTokens", "Metrics", "ModelCard", "NonNegFloat", "NonNegInt", "PosFloat", "PosInt", "Prefix",
     "Provenance", "Random", "ReplicaSpec", "RequestClass", "Resolution", "Scenario", "Scheduler", "Sim",

@@ -29,7 +29,7 @@ from simbatch.config.provenance import Resolution
 from simbatch.config.scheduler import Scheduler
 from simbatch.config.sim import Sim
 from simbatch.config.slo import SLO
-from simbatch.config.workload import Workload
+from simbatch.config.workload import TraceCurve, Workload
 from simbatch.registry import FEATURES, MODES
 
 
@@ -182,7 +182,7 @@ class Scenario(_Model):
             batchings = [self.batching] if self.cluster.groups() is None else \
                 [s.batching or self.batching for s in self.cluster.groups() for _ in range(s.count)]
             if self.cluster.groups() is None:
-                batchings *= self.cluster.replicas
+                batchings *= self.cluster.fleet_size
             waiting = [b for b in batchings if MODES[b.mode].waits_for_full_batch(b)]
             stuck = sum(b.max_num_seqs - 1 for b in waiting)
             if stuck and cap <= stuck:
@@ -233,6 +233,9 @@ class Scenario(_Model):
         """
         wl = self.workload
         files = {} if wl.trace is None else {"workload.trace.path": wl.trace.path}
+        curve = wl.arrival.rate_curve if wl.arrival is not None else None
+        if isinstance(curve, TraceCurve):
+            files["workload.arrival.rate_curve.trace.path"] = curve.trace.path
         dists = [("workload.prompt_tokens", wl.prompt_tokens), ("workload.output_tokens", wl.output_tokens)]
         for i, cls in enumerate(wl.classes or []):
             dists += [(f"workload.classes.{i}.prompt_tokens", cls.prompt_tokens),
@@ -293,7 +296,7 @@ def replica_scenarios(scenario: Scenario) -> list[Scenario]:
     """
     specs = scenario.cluster.groups()
     if specs is None:
-        return [scenario] * scenario.cluster.replicas
+        return [scenario] * scenario.cluster.fleet_size
     out: list[Scenario] = []
     for spec in specs:
         sections = {k: getattr(spec, k) for k in ("device", "kv_cache", "batching") if getattr(spec, k) is not None}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -18,6 +18,7 @@ from simbatch.config.base import (
     MAX_RATE,
     ClockNonNegS,
     ClockS,
+    NonNegFloat,
     NonNegInt,
     PosFloat,
     PosInt,
@@ -25,31 +26,6 @@ from simbatch.config.base import (
 )
 from simbatch.config.lengths import Fixed, LengthDist
 from simbatch.config.lora import Adapters
-
-
-class Arrival(_Model):
-    """When requests arrive."""
-
-    process: Literal["poisson", "gamma", "constant"] = Field(
-        default="poisson",
-        description="poisson: exponential gaps; gamma: gamma gaps with shape `burstiness` "
-        "(CV = 1/sqrt(burstiness), as in `vllm bench serve`); constant: equal gaps.",
-    )
-    rate: float = Field(default=1.0, gt=0, allow_inf_nan=True,
-                        description="Mean arrival rate, requests/s; `inf` sends all at t=0.")
-    burstiness: PosFloat = Field(
-        default=1.0, description="Gamma shape; 1 is Poisson, <1 burstier, >1 smoother (gamma only)."
-    )
-
-    @field_validator("rate")
-    @classmethod
-    def _plausible(cls, rate: float) -> float:
-        if math.isnan(rate):
-            raise ValueError("rate is NaN; give requests/s, or inf to send every request at t=0")
-        if math.isfinite(rate) and rate > MAX_RATE:
-            raise ValueError(f"rate {rate:.3g} requests/s is beyond any fleet (at most {MAX_RATE:,.0f}); "
-                             "use inf to send every request at t=0")
-        return rate
 
 
 class RequestClass(_Model):
@@ -125,6 +101,107 @@ class Trace(_Model):
             raise ValueError(f"{' and '.join(given)}: each says on its own what prompts share (turns of a "
                              "conversation, a re-sent prompt, block ids); give one")
         return self
+
+
+DAY_S = 86_400.0
+
+
+class PiecewiseCurve(_Model):
+    """A rate given at points in time, linear between them and held at the last point after it (or, with
+    ``period_s``, repeated every period: a daily curve of a few hours' points)."""
+
+    kind: Literal["piecewise"]
+    points: list[tuple[ClockNonNegS, NonNegFloat]] = Field(
+        min_length=1, description="(time_s, requests/s) pairs, times increasing; the first time is the rate's "
+        "from t = 0 until then.")
+    period_s: ClockS | None = Field(default=None, description="Repeat the points every period_s (e.g. 86400 for "
+                                    "a day); the last point's time must be below it. Held after the last point "
+                                    "when omitted.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> PiecewiseCurve:
+        times = [t for t, _ in self.points]
+        if any(b <= a for a, b in zip(times, times[1:], strict=False)):
+            raise ValueError(f"points: times {times} must increase strictly; sort them and merge repeats")
+        if max(r for _, r in self.points) > MAX_RATE:
+            raise ValueError(f"points: a rate above {MAX_RATE:,.0f} requests/s is beyond any fleet; lower it")
+        if all(r == 0 for _, r in self.points):
+            raise ValueError("points: every rate is 0, so nothing ever arrives; give a positive rate")
+        if self.period_s is not None and times[-1] >= self.period_s:
+            raise ValueError(f"points: the last time ({times[-1]:g} s) is not below period_s ({self.period_s:g} s); "
+                             "drop it or lengthen the period")
+        return self
+
+
+class SinusoidalCurve(_Model):
+    """A daily curve: ``mean (1 + amplitude cos(2 pi (t - peak_s) / period_s))`` requests/s."""
+
+    kind: Literal["sinusoidal"]
+    mean: PosFloat = Field(le=MAX_RATE, description="The rate averaged over a period, requests/s.")
+    amplitude: float = Field(default=0.5, ge=0, le=1, description="Swing as a share of the mean: the rate goes from "
+                             "mean (1 - amplitude) to mean (1 + amplitude).")
+    period_s: ClockS = Field(default=DAY_S, description="Length of one cycle, s (a day by default).")
+    peak_s: ClockNonNegS = Field(default=14 * 3600.0, description="Time of the peak within the period, s "
+                                 "(14:00 by default, the afternoon peak of public chat traces).")
+
+    @model_validator(mode="after")
+    def _bounded(self) -> SinusoidalCurve:
+        if self.mean * (1 + self.amplitude) > MAX_RATE:
+            raise ValueError(f"mean {self.mean:g} x (1 + amplitude) passes {MAX_RATE:,.0f} requests/s at the peak; "
+                             "lower the mean or the amplitude")
+        return self
+
+
+class TraceCurve(_Model):
+    """The rate of a trace, counted per window: its arrivals in each ``window_s``, divided by the window,
+    as a piecewise-constant rate (the trace's daily shape, with fresh Poisson arrivals under it)."""
+
+    kind: Literal["trace"]
+    trace: Trace = Field(description="The trace whose arrival times are counted (as workload.trace reads it).")
+    window_s: ClockS = Field(default=300.0, description="Width of the counting windows, s.")
+    scale: PosFloat = Field(default=1.0, description="Multiplies the trace's rate (2.0: twice its traffic).")
+
+
+RateCurve = Annotated[PiecewiseCurve | SinusoidalCurve | TraceCurve, Field(discriminator="kind")]
+
+
+class Arrival(_Model):
+    """When requests arrive."""
+
+    process: Literal["poisson", "gamma", "constant"] = Field(
+        default="poisson",
+        description="poisson: exponential gaps; gamma: gamma gaps with shape `burstiness` "
+        "(CV = 1/sqrt(burstiness), as in `vllm bench serve`); constant: equal gaps.",
+    )
+    rate: float = Field(default=1.0, gt=0, allow_inf_nan=True,
+                        description="Mean arrival rate, requests/s; `inf` sends all at t=0.")
+    burstiness: PosFloat = Field(
+        default=1.0, description="Gamma shape; 1 is Poisson, <1 burstier, >1 smoother (gamma only)."
+    )
+    rate_curve: RateCurve | None = Field(
+        default=None, description="A rate that changes over time (piecewise points, a sinusoidal daily curve, or "
+        "a trace's rate per window), replacing `rate`: a non-homogeneous Poisson process (process: poisson).")
+
+    @model_validator(mode="after")
+    def _one_rate(self) -> Arrival:
+        if self.rate_curve is not None:
+            if "rate" in self.model_fields_set:
+                raise ValueError(f"rate ({self.rate:g}) with rate_curve: the curve gives the rate at every instant; "
+                                 "remove rate")
+            if self.process != "poisson":
+                raise ValueError(f"rate_curve with process {self.process}: a curve's arrivals are a "
+                                 "non-homogeneous Poisson process; set process: poisson or remove rate_curve")
+        return self
+
+    @field_validator("rate")
+    @classmethod
+    def _plausible(cls, rate: float) -> float:
+        if math.isnan(rate):
+            raise ValueError("rate is NaN; give requests/s, or inf to send every request at t=0")
+        if math.isfinite(rate) and rate > MAX_RATE:
+            raise ValueError(f"rate {rate:.3g} requests/s is beyond any fleet (at most {MAX_RATE:,.0f}); "
+                             "use inf to send every request at t=0")
+        return rate
 
 
 class ClosedLoop(_Model):
@@ -217,6 +294,11 @@ class Workload(_Model):
         if self.trace is None and self.arrival is not None and math.isinf(self.arrival.rate) and \
                 self.num_requests is None:
             raise ValueError("rate: inf sends everything at t=0, so num_requests must be set")
+        curve = self.arrival.rate_curve if self.arrival is not None else None
+        if isinstance(curve, PiecewiseCurve) and curve.period_s is None and curve.points[-1][1] == 0 \
+                and self.duration_s is None:
+            raise ValueError(f"arrival.rate_curve ends at rate 0 (at {curve.points[-1][0]:g} s) and only num_requests "
+                             "ends the workload, which may never come; set duration_s, a period_s, or a last rate above 0")
         if self.closed_loop is not None:
             clash = [k for k in ("trace", "max_concurrency") if k in self.model_fields_set]
             clash += ["arrival"] if "arrival" in self.model_fields_set and self.arrival is not None else []

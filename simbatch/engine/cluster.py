@@ -20,6 +20,7 @@ import numpy as np
 import simpy
 
 from simbatch.config import Scenario, replica_scenarios
+from simbatch.engine.autoscale import Autoscaler, ScaledReplica
 from simbatch.engine.client import Client
 from simbatch.engine.disaggregated import Dispatcher
 from simbatch.engine.replica import Replica
@@ -78,23 +79,31 @@ class Engine:
         self.client = Client.of(self.env, scenario.workload, scenario.frontend.response_latency_s)
         # The recorder is the first observer: the caller's see a request the recorder has counted.
         self.replica_scenarios = replica_scenarios(scenario)
-        self.recorder = Recorder(len(workload), scenario.cluster.replicas,
+        self.recorder = Recorder(len(workload), scenario.cluster.fleet_size,
                                  columns=tuple(c for f in feature_classes(self.replica_scenarios) for c in f.columns),
                                  disaggregated=scenario.cluster.disaggregated is not None,
                                  request_latency_s=scenario.frontend.request_latency_s,
                                  response_latency_s=scenario.frontend.response_latency_s)
         self.observers = (self.recorder, *observers, *([self.client] if self.client is not None else []))
-        self.replicas = [Replica(self.env, i, s, self.recorder, workload.tenant_names, check_invariants, self.observers)
-                         for i, s in enumerate(self.replica_scenarios)]
-        for replica in self.replicas:
-            replica.plans_after_sends = self.client is not None
-        self.router = make_router(scenario, workload.session)
+        self._check_invariants = check_invariants
+        self.arrivals_done = False
+        self.replicas = [self._replica(i) for i in range(len(self.replica_scenarios))]
+        # An autoscaled fleet: every replica it may start is built now, and routing reads the ready ones.
+        self.autoscaler = None
+        if scenario.cluster.autoscale is not None:
+            self.autoscaler = Autoscaler(self.env, scenario.cluster.autoscale, self.replicas, scenario.cluster.replicas,
+                                         self._replica, lambda: self.arrivals_done)
+            self.observers = (*self.observers, self.autoscaler)
+            for replica in self.replicas:
+                replica.observers = self.observers
+        self.router = make_router(scenario, workload.session, workload=workload)
         # Arrivals go to the prefill pool when prefill and decode are disaggregated, to every replica otherwise.
         self.dispatcher = None if scenario.cluster.disaggregated is None else \
-            Dispatcher(self.env, scenario, self.replicas, self.recorder, workload.session, check_invariants)
+            Dispatcher(self.env, scenario, self.replicas, self.recorder, workload, check_invariants)
         self.entry = self.replicas if self.dispatcher is None else self.dispatcher.prefill
+        if self.autoscaler is not None:
+            self.entry = self.autoscaler.active  # changed in place as replicas start and drain
         self.on_progress = on_progress
-        self.arrivals_done = False
         self._arrival_ns = np.rint(workload.arrival_s * NS_PER_S).astype(np.int64)  # exact on the clock's grid
         # With a signal delay, the router reads snapshots taken signal_delay_ms before each arrival.
         self._views: deque[tuple[Load, ...]] | None = None
@@ -105,18 +114,28 @@ class Engine:
         # unless snapshots read its state in between, it may run ahead up to there; not with a
         # client, whose next send may wait on any of its completions.
         self._lone = self.replicas[0] if len(self.replicas) == 1 and scenario.sim.fast_forward \
-            and self.client is None else None
+            and self.client is None and self.autoscaler is None else None
         if self._lone is not None:
             self._lone.knows_arrivals = True
             self._lone.run_ahead = self._views is None
             if scenario.sim.max_time_s is not None:
                 self._lone.stop_at_ns = _stop_ns(scenario.sim.max_time_s)
         self._request_latency_ns = to_ns(scenario.frontend.request_latency_s)
-        self._single = len(self.entry) == 1 and self._views is None
+        self._single = len(self.entry) == 1 and self._views is None and self.autoscaler is None
         self._rejected = self._rejections()
         self._sending_done = False
         self._deliveries_wake: simpy.Event | None = None
         self.env.process(self._arrivals())
+
+    def _replica(self, i: int) -> Replica:
+        """Replica ``i``, a new engine: built at the start, and again when an autoscaler restarts it."""
+        kind = Replica if self.scenario.cluster.autoscale is None else ScaledReplica
+        replica = kind(self.env, i, self.replica_scenarios[i], self.recorder, self.workload.tenant_names,
+                       self._check_invariants, self.observers)
+        replica.plans_after_sends = self.client is not None
+        if self.arrivals_done:
+            replica.close()
+        return replica
 
     def _observe(self):
         """Snapshot every replica at each arrival time minus the signal delay.
@@ -254,7 +273,12 @@ class Engine:
         turns away, too, a request no decode replica could ever hold whole."""
         wl = self.workload
         if self.dispatcher is None:
-            return [rejection_reasons(s, wl.prompt_tokens, wl.output_tokens) for s in self.replica_scenarios]
+            # Alike replicas share one scenario object: their reasons are computed once (and only read).
+            reasons: dict[int, dict[int, str]] = {}
+            for s in self.replica_scenarios:
+                if id(s) not in reasons:
+                    reasons[id(s)] = rejection_reasons(s, wl.prompt_tokens, wl.output_tokens)
+            return [reasons[id(s)] for s in self.replica_scenarios]
         one = np.ones_like(wl.output_tokens)
         decode = rejection_reasons(self.replica_scenarios[-1], wl.prompt_tokens, wl.output_tokens)
         prefill = decode | rejection_reasons(self.replica_scenarios[0], wl.prompt_tokens, one)

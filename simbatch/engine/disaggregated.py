@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import simpy
 
 from simbatch.config import Scenario
@@ -37,6 +36,7 @@ from simbatch.model.request import Request
 from simbatch.model.step import StepPlan
 from simbatch.observe.observers import Observer
 from simbatch.observe.recorder import Recorder
+from simbatch.workload import WorkloadArrays
 
 
 def _by_id(req: Request) -> int:
@@ -47,7 +47,7 @@ class Dispatcher:
     """Hands prefilled requests to the decode pool and times their KV transfers."""
 
     def __init__(self, env: simpy.Environment, scenario: Scenario, replicas: Sequence, recorder: Recorder,
-                 session: np.ndarray, check_invariants: bool = False):
+                 workload: WorkloadArrays, check_invariants: bool = False):
         pools = scenario.cluster.disaggregated
         self.env, self.replicas, self.recorder = env, replicas, recorder
         self.prefill, self.decode = replicas[:pools.prefill.count], replicas[pools.prefill.count:]
@@ -59,7 +59,8 @@ class Dispatcher:
             replica.dispatcher = self
         # Who listens to each replica's transfers (Observer.transfer; the recorder first).
         self._listeners = [tuple(o for o in r.observers if type(o).transfer is not Observer.transfer) for r in replicas]
-        self.router = make_router(scenario, session, pools.decode_router, streams.DECODE_ROUTING)
+        self.router = make_router(scenario, workload.session, pools.decode_router, streams.DECODE_ROUTING,
+                                  workload=workload)
         self.link = pools.kv_transfer
         self.kv_bytes_per_token = pools.kv_bytes_per_token  # resolved: from the prefill pool's preset if not given
         # What happens at each future instant: (deliveries, hand-overs), fired by one urgent event.

@@ -30,11 +30,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import simpy
 
 from simbatch.config import Scenario
 from simbatch.engine.accel import engine_scheduler
 from simbatch.features import hooks
+from simbatch.memory.kv import content_of, lookup_blocks
 from simbatch.model.clock import NS_PER_S, Late, ceil_ns
 from simbatch.model.cost import LinearCost, StepRun
 from simbatch.model.request import Request
@@ -112,6 +114,23 @@ class Replica:
             i = self._run_durations.reach(self._run_offset, self.env.now - self._run_start_ns)
             return self.accel.kv_blocks_during(self._run_offset + i)
         return self.scheduler.kv_blocks_used
+
+    def prefix_hit_tokens(self, probe) -> int:
+        """Prompt tokens of ``probe`` (a request about to be routed) this replica's prefix cache holds
+        now, in whole blocks from the first, as its scheduler would find them (for prefix_affinity)."""
+        kv = self.scheduler.kv
+        if not kv.caching:
+            return 0
+        bs = kv.block_size
+        hits = kv.device.lookup(content_of(probe, bs), lookup_blocks(probe, bs))
+        # Inside a run of steps the accelerated engine takes the run's blocks at its end; stepping one
+        # at a time has taken those of the steps begun so far, evicting what they took: not found.
+        pending = self.kv_blocks_used - self.scheduler.kv_blocks_used if self._run_durations is not None else 0
+        if pending > 0 and len(hits):
+            gone = np.isin(hits, kv.device.next_taken(pending))
+            if gone.any():
+                return int(gone.argmax()) * bs
+        return len(hits) * bs
 
     @property
     def kv_blocks_total(self) -> int:

@@ -23,19 +23,34 @@ reads sessions) and its class attached to its name below. Policies, from blind t
   only two replicas).
 - ``session_affinity``: a session's first request goes where least_outstanding says, and every
   later request of that session follows it (a warm prefix cache in a real server).
+- ``session``: the same by *conversation* (the workload's prefix stream: a multi-turn conversation,
+  or a trace's session): a conversation's turns stay on the replica its first turn went to, a new
+  conversation (one that started over past ``max_context_tokens``, too) is placed by
+  least_outstanding, and a request outside any conversation goes where least_outstanding says.
+- ``prefix_affinity``: llm-d's blend of a prefix-cache scorer and a queue scorer. Each replica
+  scores ``prefix_weight x hit + queue_weight x (q_max - q) / (q_max - q_min)``, ``hit`` the share of
+  the request's prompt tokens that replica holds cached (the longest run of its blocks from the
+  first, as its own prefix cache would find them), ``q`` its waiting requests (1 for all when they
+  are equal), and the highest score wins. SGLang's cache-aware router's two guards are keys: a hit
+  below ``cache_threshold`` counts 0, and an imbalanced fleet (outstanding requests differing by more
+  than ``balance_abs_threshold`` and by a factor above ``balance_rel_threshold``) goes to the least
+  outstanding replica whatever is cached.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
 from simbatch.config import Scenario
+from simbatch.config.cluster import PrefixAffinity as PrefixAffinitySpec
 from simbatch.model import streams
 from simbatch.registry import ROUTERS
+from simbatch.workload import WorkloadArrays
+from simbatch.workload.prefix import OWN_STREAM
 
 
 class Routable(Protocol):
@@ -128,9 +143,69 @@ class SessionAffinity:
     def route(self, request_index: int, replicas: Sequence[Routable]) -> int:
         session = int(self._session[request_index])
         home = self._home.get(session)
-        if home is None:
+        # A home an autoscaler drained is gone: the session moves (its cache with it, in a real fleet).
+        if home is None or not any(r.index == home for r in replicas):
             home = self._home[session] = self._first.route(request_index, replicas)
         return home
+
+
+class Session(SessionAffinity):
+    """Sticky by conversation (built with the prefix streams as its sessions); a request outside any
+    conversation is placed by least_outstanding, as is a conversation's first turn."""
+
+    def route(self, request_index: int, replicas: Sequence[Routable]) -> int:
+        if self._session[request_index] == OWN_STREAM:
+            return self._first.route(request_index, replicas)
+        return super().route(request_index, replicas)
+
+
+class Probe(NamedTuple):
+    """A request not yet created, as a prefix cache reads one (simbatch.memory.kv.content_of)."""
+
+    request_id: int
+    prompt_tokens: int
+    prefix_stream: int
+    shared_prefix_tokens: int
+    block_hashes: np.ndarray | None
+    hash_block_tokens: int
+    num_generated: int = 0
+
+    @classmethod
+    def of(cls, wl: WorkloadArrays, i: int) -> Probe:
+        hashes = wl.hashes
+        return cls(i, int(wl.prompt_tokens[i]), int(wl.prefix_stream[i]), int(wl.shared_prefix_tokens[i]),
+                   None if hashes is None else hashes.of(i), 0 if hashes is None else hashes.block_tokens)
+
+
+class PrefixAffinity:
+    """llm-d's prefix-cache and queue scorers, weighted, with SGLang's guards (module docstring).
+
+    Reads each replica's prefix cache through ``prefix_hit_tokens(probe)`` (a live replica only: the
+    cluster refuses ``signal_delay_ms`` with this router), ``probe`` the request as its prefix cache
+    would see it on arrival (:class:`Probe`)."""
+
+    def __init__(self, spec: PrefixAffinitySpec, workload: WorkloadArrays):
+        self._spec, self._wl = spec, workload
+
+    def route(self, request_index: int, replicas: Sequence[Routable]) -> int:
+        spec = self._spec
+        if spec.balance_abs_threshold is not None:
+            loads = [r.num_running + r.num_waiting for r in replicas]
+            lo, hi = min(loads), max(loads)
+            if hi - lo > spec.balance_abs_threshold and hi > spec.balance_rel_threshold * lo:
+                return min(replicas, key=outstanding).index
+        waits = [r.num_waiting for r in replicas]
+        lo, hi = min(waits), max(waits)
+        probe = Probe.of(self._wl, request_index)
+        best, best_score = replicas[0].index, -1.0
+        for r, q in zip(replicas, waits, strict=True):
+            hit = r.prefix_hit_tokens(probe) / probe.prompt_tokens if spec.prefix_weight else 0.0
+            if hit < spec.cache_threshold:
+                hit = 0.0
+            score = spec.prefix_weight * hit + spec.queue_weight * (1.0 if hi == lo else (hi - q) / (hi - lo))
+            if score > best_score:  # ties: the first, the lowest index
+                best, best_score = r.index, score
+        return best
 
 
 ROUTERS.attach("round_robin", router=RoundRobin)
@@ -141,9 +216,15 @@ ROUTERS.attach("power_of_two", router=PowerOfTwo)
 ROUTERS.attach("session_affinity", router=SessionAffinity)
 
 
-def make_router(scenario: Scenario, session: np.ndarray, policy: str | None = None, stream: int = streams.ROUTING):
+ROUTERS.attach("session", router=Session)
+ROUTERS.attach("prefix_affinity", router=PrefixAffinity)
+
+
+def make_router(scenario: Scenario, session: np.ndarray, policy: str | None = None, stream: int = streams.ROUTING,
+                workload: WorkloadArrays | None = None):
     """The router ``scenario.cluster.router`` (or ``policy``) names, built with what it declares it reads:
-    ``rng`` drawing from random ``stream``, ``session`` each request's session id."""
+    ``rng`` drawing from random ``stream``, ``session`` each request's session id, ``conversation`` each
+    request's prefix stream, and (reading the caches) ``spec`` its options and ``workload`` the requests."""
     name = policy or scenario.cluster.router
     declared = ROUTERS[name]
     kwargs = {}
@@ -151,4 +232,8 @@ def make_router(scenario: Scenario, session: np.ndarray, policy: str | None = No
         kwargs["rng"] = streams.rng(scenario.seed, stream)
     if declared.sessions:
         kwargs["session"] = session
+    if declared.conversations:
+        kwargs["session"] = workload.prefix_stream
+    if declared.reads_cache:
+        kwargs["spec"], kwargs["workload"] = scenario.cluster.prefix_affinity or PrefixAffinitySpec(), workload
     return ROUTERS.attached(name, "router")(**kwargs)

@@ -74,7 +74,7 @@ def expected_requests(scenario: Scenario) -> float:
 
 
 def size(scenario: Scenario) -> Size:
-    return Size(expected_requests(scenario), scenario.cluster.replicas)
+    return Size(expected_requests(scenario), scenario.cluster.fleet_size)
 
 
 def _gb(n: float) -> str:

@@ -257,6 +257,17 @@ class CachingBlockPool(BlockPool):
         self._head = h + int(live[n - 1]) + 1
         return ahead[live[:n]]
 
+    def next_taken(self, n: int) -> np.ndarray:
+        """The blocks from the queue that allocating ``n`` blocks now would take, in order (never-used
+        blocks go first and are not listed); read only. What a step-by-step engine has evicted by an
+        instant inside a run of steps whose blocks the accelerated one takes at the run's end."""
+        k = n - (self.num_blocks - self._next_unused)
+        if k <= 0:
+            return _NO_BLOCKS
+        h, t = self._head, self._tail
+        entries = self._queue[h:t]
+        return entries[self._queue_seq[entries] == self._places[h:t]][:k]
+
     def free(self, ids: Sequence[int]) -> None:
         """Drop one reference to each block; the unreferenced join the queue, the request's last
         block first (so a request's tail is evicted before its head, which others may share).

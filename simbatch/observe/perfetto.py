@@ -331,7 +331,7 @@ def trace_events(result: Result, observer: TraceObserver) -> list[dict]:
     """Every event of the trace (metadata first, then in time order)."""
     rq = result.requests
     observer.end(result.summary["duration"], dict(zip(rq["request_id"].tolist(), rq["replica"].tolist(), strict=True)))
-    replicas = result.scenario.cluster.replicas
+    replicas = result.scenario.cluster.fleet_size
     meta = []
     for r in range(replicas):
         meta += _meta(r + 1, None, f"replica {r}") + _meta(r + 1, 0, "steps")

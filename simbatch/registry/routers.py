@@ -8,7 +8,11 @@ of a router's name:
   ``cluster.signal_delay_ms`` applies to it; a scenario setting a delay for a router that reads no
   load is refused;
 - ``random``: it draws from the scenario's routing stream (built with ``rng=``);
-- ``sessions``: it reads each request's session id (built with ``session=``).
+- ``sessions``: it reads each request's session id (built with ``session=``);
+- ``conversations``: it reads each request's conversation, its prefix stream (built with ``session=``
+  holding those);
+- ``reads_cache``: it reads the replicas' prefix caches, live (built with ``spec=`` its options and
+  ``workload=`` the requests), so no ``cluster.signal_delay_ms`` applies to it.
 
 The declarations live below the schema, which validates the names; the classes above it, in the
 engine.
@@ -30,6 +34,8 @@ class RoutingPolicy:
     reads_load: bool = False
     random: bool = False
     sessions: bool = False
+    conversations: bool = False
+    reads_cache: bool = False
 
 
 ROUTERS: Registry[RoutingPolicy] = Registry("router", "cluster.router")
@@ -44,6 +50,13 @@ ROUTERS.register(RoutingPolicy("power_of_two", "Two replicas at random, the one 
 ROUTERS.register(RoutingPolicy(
     "session_affinity", "A session sticks to the replica its first request went to (placed by least_outstanding).",
     reads_load=True, sessions=True))
+
+ROUTERS.register(RoutingPolicy(
+    "session", "A conversation sticks to the replica its first turn went to (placed by least_outstanding).",
+    reads_load=True, conversations=True))
+ROUTERS.register(RoutingPolicy(
+    "prefix_affinity", "The replica holding most of the prompt cached, scored against its waiting queue (llm-d).",
+    reads_load=True, reads_cache=True))
 
 
 def load_routers() -> tuple[str, ...]:

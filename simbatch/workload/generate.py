@@ -24,6 +24,7 @@ from simbatch.workload.adapters import adapter_ids
 from simbatch.workload.arrivals import arrival_times
 from simbatch.workload.lengths import paired, sample_lengths
 from simbatch.workload.prefix import OWN_STREAM, apply_prefix, trace_prefix
+from simbatch.workload.rate_curve import rate_function, thinned_arrivals_s
 from simbatch.workload.shapes import PAIRED
 from simbatch.workload.trace import BlockHashes, load_trace
 
@@ -122,6 +123,9 @@ def generate(scenario: Scenario) -> WorkloadArrays:
         arrival_s, prompt_tokens, output_tokens = replay.arrival_s, replay.prompt_tokens, replay.output_tokens
     elif wl.closed_loop is not None:
         arrival_s = np.zeros(wl.num_requests)  # users send when ready (simbatch.engine.client); nothing is scheduled
+    elif wl.arrival.rate_curve is not None:
+        arrival_s = thinned_arrivals_s(rate_function(wl.arrival.rate_curve, scenario),
+                                       streams.rng(seed, streams.ARRIVALS), wl.num_requests, wl.duration_s)
     else:
         arrival_s = arrival_times(wl.arrival, streams.rng(seed, streams.ARRIVALS), wl.num_requests,
                                   wl.duration_s)

@@ -84,6 +84,21 @@ def expected_cached_tokens(prompt_tokens: np.ndarray, output_tokens: np.ndarray,
     return cached
 
 
+def expected_cached_tokens_by_replica(replica: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
+                                      prefix_stream: np.ndarray, shared_prefix_tokens: np.ndarray,
+                                      block_size: int) -> np.ndarray:
+    """:func:`expected_cached_tokens` for a fleet: each replica's cache never evicts and holds only what
+    the requests routed to it (``replica``) computed, so a turn finds its conversation's latest earlier
+    turn *on its replica*, and each replica computes the system prompt once. With every request on one
+    replica, the single cache's answer; under round robin over n, replica i mod n."""
+    cached = np.zeros(len(prompt_tokens), dtype=np.int64)
+    for r in np.unique(replica):
+        mine = np.flatnonzero(replica == r)
+        cached[mine] = expected_cached_tokens(prompt_tokens[mine], output_tokens[mine], prefix_stream[mine],
+                                              shared_prefix_tokens[mine], block_size)
+    return cached
+
+
 def trace_prefix(prefix: Prefix | None, prompt_tokens: np.ndarray, shared_by: np.ndarray | None,
                  rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """A trace's prefix streams and system-prompt tokens (the trace gives every prompt's length).

@@ -124,8 +124,13 @@ def run(scenario_file: Path = SCENARIO_ARG,
         say(note)
     result = _simulate(scenario, scenario.batching.mode, len(workload), quiet, workload,
                        () if tracer is None else (tracer,))
+    if result.fleet is not None:  # what autoscaling bought: the fixed fleet of the same cost, same requests
+        from simbatch.app.equal_cost import equal_cost_fleet
+
+        result.summary |= equal_cost_fleet(result, workload)
     say(_table(scenario, result.summary))
-    for extra in (report.rejections_line(result.requests), report.tenant_table(result.requests)):
+    for extra in (report.rejections_line(result.requests), report.tenant_table(result.requests),
+                  report.autoscale_lines(result.summary)):
         if extra:
             say(extra)
     say(report.littles_law_line(result.summary))

@@ -20,7 +20,6 @@ from pydantic import ValidationError
 
 from simbatch.analysis.capacity import expected_stability
 from simbatch.app.plan.limits import ATTAINMENT, Limit, completion
-from simbatch.app.plan.prices import Prices
 from simbatch.app.plan.screen import Screen, screen
 from simbatch.app.plan.search import OBJECTIVES, Question
 from simbatch.app.plan.space import SearchSpace, SpaceError, configurations
@@ -30,6 +29,7 @@ from simbatch.app.sweep.plan import SweepInputError, default_out, open_store
 from simbatch.app.sweep.runner import Point
 from simbatch.inputs import guard
 from simbatch.inputs.loading import load_model, load_scenario
+from simbatch.inputs.prices import Prices
 from simbatch.workload import generate
 
 RATE = "workload.arrival.rate"

@@ -34,13 +34,13 @@ from pathlib import Path
 from typing import Any
 
 from simbatch.app.plan.limits import Limit, binding, failures, with_derived
-from simbatch.app.plan.prices import Prices
 from simbatch.app.plan.screen import Screen
 from simbatch.app.sweep.aggregate import combine
 from simbatch.app.sweep.capacity import Search
 from simbatch.app.sweep.runner import Executor, Point, execute, load_point, runs_for
 from simbatch.app.sweep.store import Store
 from simbatch.inputs import guard
+from simbatch.inputs.prices import Prices
 
 OBJECTIVES = ("cost", "gpus", "goodput-per-dollar")
 ROUND_CONFIGS = 8

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from simbatch.app.plots.autoscale import autoscaling
 from simbatch.app.plots.cluster import load_imbalance, replica_load
 from simbatch.app.plots.disaggregated import handover
 from simbatch.app.plots.figure import Frames, Run, save_figure
@@ -18,6 +19,7 @@ from simbatch.app.plots.host_tier import host_kv_tier
 from simbatch.app.plots.latency import e2e_histogram, latency_by_request, ttft_cdf
 from simbatch.app.plots.lora import lora_adapters
 from simbatch.app.plots.prefix import prefix_cache
+from simbatch.app.plots.routing import routing_gain
 from simbatch.app.plots.speculative import speculative_decoding
 from simbatch.app.plots.timeseries import (
     batch_size,
@@ -66,7 +68,9 @@ def save_run_plots(folder: Path, result: Result) -> list[Path]:
         figures["handover"] = handover(result.requests, result.iterations)
     if "spec_decode_acceptance_rate" in result.summary:
         figures["speculative_decoding"] = speculative_decoding(result, sc)
-    n = sc.cluster.replicas
+    if result.fleet is not None:
+        figures["autoscaling"] = autoscaling(result)
+    n = sc.cluster.fleet_size
     if n > 1:
         figures["replica_load"] = replica_load(result, n, slots=slots // n if not sc.cluster.groups() else None)
         figures["load_imbalance"] = load_imbalance(result, n)
@@ -99,4 +103,6 @@ def save_compare_plots(folder: Path, results: Mapping[str, Frames]) -> list[Path
                and r.requests["num_cached_tokens"].any()}
     if caching:
         figures["prefix_cache"] = prefix_cache(with_ttft)  # every run, those without a cache at 0 %
+    if len({s.cluster.router for s in scenarios}) > 1 and len(scenarios) == len(with_ttft):
+        figures["routing_gain"] = routing_gain(with_ttft)  # routers compared on the same requests
     return [save_figure(fig, folder / f"{name}.png") for name, fig in figures.items()]
