@@ -156,16 +156,23 @@ class LockstepScheduler(ContinuousScheduler):
             # (a first decode after a stall) go one step alone, their token's gap recorded as a pause.
             last = self.clock - 1
             for req in lone:
-                if req.last_token_step == last:
+                if req._last_token_step == last:  # (not a member: its stored counters are its own)
                     self._join(req)
             if group:
                 lone = [r for r in lone if r.lockstep is None]
-        if not self._reserve_decodes(lone):
-            self._reserve_decodes_one_by_one(lone, now, plan)
+        if not lone:  # the group alone (as _reserve_decodes would take it: this is most plans)
+            n = self._phase[self.clock % self.kv.block_size]
+            if not n or self.kv.take_bulk(n):
+                self._group_reserved = self._granted_all = True
+                self._budget -= len(group)
+                return
+        elif self._reserve_decodes(lone):
+            return
+        self._reserve_decodes_one_by_one(lone, now, plan)
 
     def _assemble(self, plan: StepPlan) -> bool:
         """The model's plan of the requests scheduled one by one, with the group's members first."""
-        scheduled = super()._assemble(plan)
+        scheduled = bool(self._sched) and super()._assemble(plan)
         group = self._group
         if not (self._group_reserved and group):
             self._members_planned = 0
@@ -185,19 +192,14 @@ class LockstepScheduler(ContinuousScheduler):
         super()._preempt(victim, now, plan)
 
     def _reserve_decodes(self, lone: list[Request]) -> bool:
-        """Every decode's next block at once, if free blocks cover them all (the common case).
+        """Every decode's next block at once, if free blocks cover them all (the common case), the
+        ``lone`` decodes' and the group's (the group alone takes its blocks in _schedule_decodes).
 
         When they do, reserving one request at a time would succeed for each without preempting
         anyone, so the outcome is the same; when they do not, nothing is taken and the caller goes
         one request at a time.
         """
         bs = self.kv.block_size
-        if not lone:  # the group alone
-            if not self._take_for_group(self._phase[self.clock % bs]):
-                return False
-            self._group_reserved = self._granted_all = True
-            self._budget -= len(self._group)
-            return True
         if not self.kv.allocate_together([(r, 1) for r in lone], self._phase[self.clock % bs]):
             return False
         for req in lone:
@@ -239,21 +241,21 @@ class LockstepScheduler(ContinuousScheduler):
     # ---------------------------------------------------------------- the lockstep group
     def _join(self, req: LockstepRequest) -> None:
         """``req`` sampled a token in the last step and goes on decoding: from now on it advances with the clock."""
-        bs = self.kv.block_size
-        p = (self.clock - req.num_computed_tokens) % bs
+        bs, clock, computed = self.kv.block_size, self.clock, req._computed  # (not a member yet: its own)
+        p = (clock - computed) % bs
         self._phase[p] += 1
         self._phase[p + bs] += 1
         self._phase_members[p][req] = None
-        heapq.heappush(self._done, (self.clock + req.output_tokens - req.num_generated, req.request_id, req))
-        self._group_context += req.num_computed_tokens - self.clock
-        self._group[req] = self.clock
+        heapq.heappush(self._done, (clock + req.output_tokens - req._generated, req.request_id, req))
+        self._group_context += computed - clock
+        self._group[req] = clock
         req.lockstep = self  # from here its counters read through the clock (steps_since)
 
     def _leave(self, req: Request) -> None:
         """Out of the lockstep, its counters stored as they stand (its heap entry goes stale: see
         _retire_done)."""
-        bs, clock = self.kv.block_size, self.clock
-        computed = req.num_computed_tokens
+        bs, clock, joined = self.kv.block_size, self.clock, self._group[req]
+        computed = req._computed + clock - joined  # num_computed_tokens, read through the clock
         p = (clock - computed) % bs
         self._phase[p] -= 1
         self._phase[p + bs] -= 1
@@ -263,7 +265,8 @@ class LockstepScheduler(ContinuousScheduler):
         if own:
             self.kv.assign_bulk(req, own)
         self._group_context -= computed - clock
-        req.leave_lockstep(clock - self._group.pop(req), self.last_end_s, clock - 1)
+        del self._group[req]
+        req.leave_lockstep(clock - joined, self.last_end_s, clock - 1)
 
     def _take_for_group(self, n: int) -> bool:
         """``n`` more blocks for the members, taken in bulk; False (and no change) if short."""
@@ -291,8 +294,9 @@ class LockstepScheduler(ContinuousScheduler):
         done, group = self._done, self._group
         while done:
             t, _, req = done[0]
-            if req in group and t == self.clock + req.output_tokens - req.num_generated:
-                return
+            joined = group.get(req)
+            if joined is not None and t == joined + req.output_tokens - req._generated:
+                return  # (its stored count is of its joining: the entry pushed then is live)
             heapq.heappop(done)
 
     def _group_blocks(self, t0: int, t1: int) -> int:
@@ -304,10 +308,11 @@ class LockstepScheduler(ContinuousScheduler):
 
     def _retire_done(self, end_s: float, outcome: StepOutcome) -> None:
         """Retire the members whose last token came at the end of this step, then drop the finished."""
-        done, group, finished = self._done, self._group, outcome.finished
-        while done and done[0][0] <= self.clock:
+        done, group, finished, clock = self._done, self._group, outcome.finished, self.clock
+        while done and done[0][0] <= clock:
             t, _, req = heapq.heappop(done)
-            if req not in group or t != self.clock + req.output_tokens - req.num_generated:
+            joined = group.get(req)
+            if joined is None or t != joined + req.output_tokens - req._generated:
                 continue  # left the lockstep since (preempted or stalled)
             self._leave(req)
             self._retire(req, end_s)
@@ -330,8 +335,12 @@ class LockstepScheduler(ContinuousScheduler):
             return 1
         if self._unseen or self._done_held:
             return 1  # async scheduling: the next plan sees these arrivals, or has these requests' room
-        self._drop_stale()
-        k = self._done[0][0] - step  # the first completion happens in the k-th step of the run
+        t, _, req = self._done[0]
+        joined = self._group.get(req)
+        if joined is None or t != joined + req.output_tokens - req._generated:
+            self._drop_stale()  # (the head is stale: _drop_stale's test, written out for the common case)
+            t = self._done[0][0]
+        k = t - step  # the first completion happens in the k-th step of the run
         if k <= 1:
             return 1
         self._waiting_at_plan = len(self.waiting)
@@ -383,8 +392,10 @@ class LockstepScheduler(ContinuousScheduler):
     def finish_steps(self, plan: StepPlan, n: int, end_s: float, step: int) -> StepOutcome:
         if n == 1:
             return self.finish_step(plan, end_s, step)
-        taken = self._take_for_group(self._group_blocks(step + 1, step + n))
-        assert taken, "a run of steps took blocks that were not free"
+        blocks = self._group_blocks(step + 1, step + n)
+        if blocks:
+            taken = self.kv.take_bulk(blocks)
+            assert taken, "a run of steps took blocks that were not free"
         self._group_reserved = False
         self.clock, self.last_end_s = step + n, end_s
         outcome = StepOutcome([], n * self._members_planned, [])
@@ -398,8 +409,10 @@ class LockstepScheduler(ContinuousScheduler):
         self.clock, self.last_end_s = step + 1, end_s
         members = self._members_planned
         outcome = StepOutcome([], members, [])  # members emitted last step too: regular gaps
-        self._apply_decodes(plan.decodes[members:] if members else plan.decodes, end_s, step, outcome)
-        self._apply_slices(plan, end_s, step, outcome)
+        if len(plan.decodes) > members:
+            self._apply_decodes(plan.decodes[members:] if members else plan.decodes, end_s, step, outcome)
+        if plan.slices:
+            self._apply_slices(plan, end_s, step, outcome)
         if self._done and self._done[0][0] <= self.clock:
             self._retire_done(end_s, outcome)
         elif outcome.finished:
