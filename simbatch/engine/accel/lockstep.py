@@ -44,9 +44,9 @@ from simbatch.schedulers.policies import WaitingQueue
 
 
 class LockstepRequest(Request):
-    """A request of the accelerated engine: while it is in a lockstep group (``lockstep``), its stored
-    counters are those of the step it joined, and reading them adds the steps since, so that it always
-    reads true (the module docstring)."""
+    """A request of the accelerated engine. Out of a lockstep group it is a plain request (its counters
+    plain attributes); in one it is a :class:`LockstepMember` (``join_lockstep``), whose counters read
+    through the group's clock."""
 
     __slots__ = ("_computed", "_generated", "_last_token_s", "_last_token_step", "lockstep")
 
@@ -54,60 +54,53 @@ class LockstepRequest(Request):
         self.lockstep: LockstepScheduler | None = None
         Request.__init__(self, *args, **kwargs)
 
+    def join_lockstep(self, group: LockstepScheduler) -> None:
+        """Into ``group``: its counters stored as they stand, read from now on through the group's clock."""
+        self._computed, self._generated = self.num_computed_tokens, self.num_generated
+        self._last_token_s, self._last_token_step = self.last_token_s, self.last_token_step
+        self.lockstep = group
+        self.__class__ = LockstepMember
+
+
+class LockstepMember(LockstepRequest):
+    """A request in a lockstep group: its stored counters are those of the step it joined, and reading
+    them adds the steps since, so that it always reads true (the module docstring). Its class while it
+    is a member, so that a request out of a group reads plain attributes, not properties."""
+
+    __slots__ = ()
+
     @property
     def num_computed_tokens(self) -> int:
-        g = self.lockstep
-        return self._computed if g is None else self._computed + g.steps_since(self)
-
-    @num_computed_tokens.setter
-    def num_computed_tokens(self, value: int) -> None:
-        assert self.lockstep is None, "a lockstep member's counters belong to its scheduler"
-        self._computed = value
+        return self._computed + self.lockstep.steps_since(self)
 
     @property
     def num_generated(self) -> int:
-        g = self.lockstep
-        return self._generated if g is None else self._generated + g.steps_since(self)
-
-    @num_generated.setter
-    def num_generated(self, value: int) -> None:
-        assert self.lockstep is None, "a lockstep member's counters belong to its scheduler"
-        self._generated = value
+        return self._generated + self.lockstep.steps_since(self)
 
     @property
     def blocks(self) -> int:
-        g = self.lockstep
-        return len(self.block_ids) if g is None else g.member_blocks(self)
+        return self.lockstep.member_blocks(self)
 
     @property
     def last_token_s(self) -> float:
         g = self.lockstep
-        return self._last_token_s if g is None or not g.steps_since(self) else g.last_end_s
-
-    @last_token_s.setter
-    def last_token_s(self, value: float) -> None:
-        assert self.lockstep is None, "a lockstep member's counters belong to its scheduler"
-        self._last_token_s = value
+        return g.last_end_s if g.steps_since(self) else self._last_token_s
 
     @property
     def last_token_step(self) -> int:
         g = self.lockstep
-        return self._last_token_step if g is None or not g.steps_since(self) else g.clock - 1
-
-    @last_token_step.setter
-    def last_token_step(self, value: int) -> None:
-        assert self.lockstep is None, "a lockstep member's counters belong to its scheduler"
-        self._last_token_step = value
+        return g.clock - 1 if g.steps_since(self) else self._last_token_step
 
     def leave_lockstep(self, steps: int, last_token_s: float, last_token_step: int) -> None:
         """Out of its lockstep group after ``steps`` steps in it, the last ending at ``last_token_s``
-        (step ``last_token_step``): its counters stored as they read."""
+        (step ``last_token_step``): its counters stored as they read, plain attributes again."""
+        self.__class__ = LockstepRequest
         self.lockstep = None
-        if steps:
-            self._computed += steps
-            self._generated += steps
-            self._last_token_s = last_token_s
-            self._last_token_step = last_token_step
+        if steps:  # (else its plain counters are still those it joined with)
+            self.num_computed_tokens = self._computed + steps
+            self.num_generated = self._generated + steps
+            self.last_token_s = last_token_s
+            self.last_token_step = last_token_step
 
 
 class LockstepScheduler(ContinuousScheduler):
@@ -156,7 +149,7 @@ class LockstepScheduler(ContinuousScheduler):
             # (a first decode after a stall) go one step alone, their token's gap recorded as a pause.
             last = self.clock - 1
             for req in lone:
-                if req._last_token_step == last:  # (not a member: its stored counters are its own)
+                if req.last_token_step == last:
                     self._join(req)
             if group:
                 lone = [r for r in lone if r.lockstep is None]
@@ -241,15 +234,15 @@ class LockstepScheduler(ContinuousScheduler):
     # ---------------------------------------------------------------- the lockstep group
     def _join(self, req: LockstepRequest) -> None:
         """``req`` sampled a token in the last step and goes on decoding: from now on it advances with the clock."""
-        bs, clock, computed = self.kv.block_size, self.clock, req._computed  # (not a member yet: its own)
+        bs, clock, computed = self.kv.block_size, self.clock, req.num_computed_tokens
         p = (clock - computed) % bs
         self._phase[p] += 1
         self._phase[p + bs] += 1
         self._phase_members[p][req] = None
-        heapq.heappush(self._done, (clock + req.output_tokens - req._generated, req.request_id, req))
+        heapq.heappush(self._done, (clock + req.output_tokens - req.num_generated, req.request_id, req))
         self._group_context += computed - clock
         self._group[req] = clock
-        req.lockstep = self  # from here its counters read through the clock (steps_since)
+        req.join_lockstep(self)  # from here its counters read through the clock (steps_since)
 
     def _leave(self, req: Request) -> None:
         """Out of the lockstep, its counters stored as they stand (its heap entry goes stale: see
