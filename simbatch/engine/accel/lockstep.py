@@ -127,6 +127,7 @@ class LockstepScheduler(ContinuousScheduler):
         self._granted: set[Request] = set()  # ... or only these (blocks were short)
         self._done: list[tuple[int, int, Request]] = []  # (clock after a member's last token, id, member)
         self._plan_used = 0  # blocks in use during the first step of the run planned last
+        self._applied_alone: list[Request] = []  # the requests the last step applied one by one
 
     # ---------------------------------------------------------------- planning
     def _plan(self, now: float, admit: bool = True) -> StepPlan | Idle:
@@ -142,8 +143,19 @@ class LockstepScheduler(ContinuousScheduler):
             super()._schedule_decodes(now, plan)
             return
         group, running = self._group, self.running
-        lone = [r for r in running if not r.prefill_pending and r not in group] \
-            if len(running) > len(group) + len(self._prefilling) else []
+        lone = []
+        num_lone = len(running) - len(group) - len(self._prefilling)
+        if num_lone > 0:
+            # The decodes out of the group, in running (admission) order. Most are those the last step
+            # applied one by one (a prefill that caught up, a decode that went alone): when as many of
+            # those decode here out of the group as there are such decodes, they are all of them, found
+            # without a pass over the running set.
+            lone = [r for r in self._applied_alone if r.status is RUNNING and not r.prefill_pending
+                    and r.lockstep is None]
+            if len(lone) != num_lone:
+                lone = [r for r in running if not r.prefill_pending and r not in group]
+            elif num_lone > 1:
+                lone.sort(key=_admission_order)
         if lone:
             # Those that sampled a token in the last step decode in lockstep from here on; the others
             # (a first decode after a stall) go one step alone, their token's gap recorded as a pause.
@@ -392,6 +404,7 @@ class LockstepScheduler(ContinuousScheduler):
         self._group_reserved = False
         self.clock, self.last_end_s = step + n, end_s
         outcome = StepOutcome([], n * self._members_planned, [])
+        self._applied_alone = []
         if self._done and self._done[0][0] <= self.clock:
             self._retire_done(end_s, outcome)
         return outcome
@@ -402,10 +415,13 @@ class LockstepScheduler(ContinuousScheduler):
         self.clock, self.last_end_s = step + 1, end_s
         members = self._members_planned
         outcome = StepOutcome([], members, [])  # members emitted last step too: regular gaps
-        if len(plan.decodes) > members:
-            self._apply_decodes(plan.decodes[members:] if members else plan.decodes, end_s, step, outcome)
+        alone = plan.decodes[members:] if members else plan.decodes
+        if alone:
+            self._apply_decodes(alone, end_s, step, outcome)
         if plan.slices:
             self._apply_slices(plan, end_s, step, outcome)
+            alone = [*alone, *(req for req, _ in plan.slices)]
+        self._applied_alone = alone
         if self._done and self._done[0][0] <= self.clock:
             self._retire_done(end_s, outcome)
         elif outcome.finished:
@@ -414,5 +430,6 @@ class LockstepScheduler(ContinuousScheduler):
 
 
 _prefill_pending, _num_computed_tokens = attrgetter("prefill_pending"), attrgetter("num_computed_tokens")
+_admission_order = attrgetter("admitted_seq")
 
 MODES.attach("continuous", twin=LockstepScheduler)
