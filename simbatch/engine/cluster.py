@@ -188,8 +188,9 @@ class Engine:
                     t_s = t / NS_PER_S
                 if lone is not None:
                     lone.next_arrival_ns = t
-                if t > env.now:
-                    yield Urgent(env, t - env.now)
+                now = env.now
+                if t > now:
+                    yield Urgent(env, t - now)
                 now_s = t_s
             if self.on_progress is not None and i % 1024 == 0:
                 self.on_progress(now_s, i)
