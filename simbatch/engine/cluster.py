@@ -122,6 +122,7 @@ class Engine:
                 self._lone.stop_at_ns = _stop_ns(scenario.sim.max_time_s)
         self._request_latency_ns = to_ns(scenario.frontend.request_latency_s)
         self._single = len(self.entry) == 1 and self._views is None and self.autoscaler is None
+        self._max_in_flight, self._max_waiting = scenario.cluster.max_in_flight, scenario.scheduler.max_waiting
         self._rejected = self._rejections()
         self._sending_done = False
         self._deliveries_wake: simpy.Event | None = None
@@ -187,8 +188,9 @@ class Engine:
                     t_s = t / NS_PER_S
                 if lone is not None:
                     lone.next_arrival_ns = t
-                if t > env.now:
-                    yield Urgent(env, t - env.now)
+                now = env.now
+                if t > now:
+                    yield Urgent(env, t - now)
                 now_s = t_s
             if self.on_progress is not None and i % 1024 == 0:
                 self.on_progress(now_s, i)
@@ -239,17 +241,18 @@ class Engine:
         (``scheduler.max_waiting``). A routed request records its replica even when rejected.
         Every arrival takes its own snapshot off the queue, routed or not.
         """
-        sc, replicas, entry, views = self.scenario, self.replicas, self.entry, self._views
-        max_in_flight = sc.cluster.max_in_flight
+        views, max_in_flight, max_waiting = self._views, self._max_in_flight, self._max_waiting
         view = None if views is None else views.popleft()
-        if max_in_flight is not None and sum(r.num_running + r.num_waiting for r in replicas) >= max_in_flight:
+        if max_in_flight is not None and sum(r.num_running + r.num_waiting for r in self.replicas) >= max_in_flight:
             reason = "cluster_full"  # never routed
         else:
-            replica = entry[0] if self._single else replicas[self.router.route(i, entry if view is None else view)]
+            if self._single:
+                replica = self.entry[0]
+            else:
+                replica = self.replicas[self.router.route(i, self.entry if view is None else view)]
             self.recorder.replica[i] = replica.index
             reason = self._rejected[replica.index].get(i)
-            if reason is None and sc.scheduler.max_waiting is not None and \
-                    replica.num_waiting >= sc.scheduler.max_waiting:
+            if reason is None and max_waiting is not None and replica.num_waiting >= max_waiting:
                 reason = "queue_full"
         if reason is not None:
             for o in self.observers:
@@ -258,10 +261,11 @@ class Engine:
         req = replica.scheduler.request_class(i, now_s, prompt, output, tenant, priority)
         if stream != OWN_STREAM or shared:
             req.prefix_stream, req.shared_prefix_tokens = stream, shared
-        if self.workload.hashes is not None:
-            req.block_hashes, req.hash_block_tokens = self.workload.hashes.of(i), self.workload.hashes.block_tokens
-        if self.workload.adapter is not None:
-            req.lora_id = int(self.workload.adapter[i])
+        wl = self.workload
+        if wl.hashes is not None:
+            req.block_hashes, req.hash_block_tokens = wl.hashes.of(i), wl.hashes.block_tokens
+        if wl.adapter is not None:
+            req.lora_id = int(wl.adapter[i])
         replica.submit(req, now_s)
         for o in self.observers:
             o.arrival(now_s, req)

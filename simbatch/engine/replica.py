@@ -166,22 +166,6 @@ class Replica:
             (self._wake | self.env.timeout(max(1, ceil_ns(answer.time_s) - self.env.now)))
         self._wake = None
 
-    def _planned(self, plan: StepPlan, now_s: float) -> StepShape:
-        """What every step does once planned: check, count the waiting change, and shape its row."""
-        sched = self.scheduler
-        if self.check:
-            sched.check_invariants()
-        preempted, admitted = plan.preempted, plan.admitted
-        if preempted or admitted:
-            self.recorder.waiting_change(now_s, len(preempted) - len(admitted))
-            if self.move_observers:
-                self._moved(plan, now_s)
-        # itl_tokens: every decode is one step after its previous token, until finish_step says otherwise.
-        # Built as the tuple it is: StepShape's generated __new__ is a Python call, and this runs per plan.
-        return tuple.__new__(StepShape, (len(sched.running), len(sched.waiting), plan.batch_size,
-                                         plan.decode_seqs + plan.draft_tokens, plan.prefill_tokens,
-                                         plan.padded_tokens, plan.decode_seqs, len(preempted), plan.swap_blocks))
-
     def _moved(self, plan: StepPlan, now_s: float) -> None:
         """Tell the observers who left and joined WAITING while ``plan`` was made, in the scheduler's order."""
         index, observers, admitted, told = self.index, self.move_observers, plan.admitted, 0
@@ -227,8 +211,9 @@ class Replica:
         env, sched, accel, rec, index = self.env, self.scheduler, self.accel, self.recorder, self.index
         # Bound once: this loop runs a few times per request.
         schedule, repeatable_steps, record = sched.schedule, accel.repeatable_steps, rec.record_steps
-        step_duration_ns = self.cost.plan_ns if not self._feature_ms else self.step_duration_ns
-        planned, cost_run = self._planned, self.cost.run
+        # (Bound here, not kept: one attribute more unshares every replica's attribute dict, 1.3 KB each.)
+        step_duration_ns = self.cost.plan_ns_function() if not self._feature_ms else self.step_duration_ns
+        cost_run, check, waiting = self.cost.run, self.check, sched.waiting
         run_ahead, stop_at = self.run_ahead, self.stop_at_ns  # set by the cluster before the run starts
         contiguous, now = False, env.now  # now: this replica's clock, ahead of env.now when running ahead
         late = self.plans_after_sends  # a client: plan after the sends of this instant (no running ahead)
@@ -245,7 +230,21 @@ class Replica:
                 contiguous, now = False, env.now
                 continue
             duration = step_duration_ns(plan)
-            shape = planned(plan, now_s)
+            # Once planned: check, count the waiting change, and shape the step's row.
+            if check:
+                sched.check_invariants()
+            preempted, admitted = plan.preempted, plan.admitted
+            if preempted or admitted:
+                rec.waiting_change(now_s, len(preempted) - len(admitted))
+                if self.move_observers:
+                    self._moved(plan, now_s)
+            # itl_tokens: every decode is one step after its previous token, until finish_step says
+            # otherwise. Built as the tuple it is (StepShape's generated __new__ is a Python call).
+            shape = tuple.__new__(StepShape, (
+                len(sched.running), len(waiting), len(plan.decodes) + len(plan.slices),
+                plan.decode_seqs + plan.draft_tokens, plan.prefill_tokens,
+                plan.padded_decode_seqs + plan.padded_prefill_tokens, plan.decode_seqs, len(preempted),
+                plan.swap_blocks))
             k = repeatable_steps(plan, self.step)
             if k == 1:
                 kv_sum = accel.kv_blocks_sum(1)
@@ -268,8 +267,13 @@ class Replica:
                     self._run_ctx = (plan, shape, contiguous)
                     self._run_start_ns, self._run_durations, self._run_offset = start, run, n
                     if self.knows_arrivals:
-                        m = self._steps_before_arrival(start, run, n, k - n)
+                        # The steps before the next arrival is seen: the step in progress when it
+                        # arrives is the last (one at the instant a step ends is seen right after it).
+                        t_next, m = self.next_arrival_ns, k - n
                         end = start + run.ns(n, m)
+                        if t_next < end:
+                            m = run.reach(n, t_next - start)
+                            end = start + run.ns(n, m)
                         if not run_ahead or end >= self.next_arrival_ns or end >= stop_at:
                             yield env.timeout(end - env.now)
                     else:
@@ -295,16 +299,6 @@ class Replica:
             if outcome.finished or outcome.stall_gaps_s:
                 self._finished(outcome, end / NS_PER_S)
             contiguous, now = True, end
-
-    def _steps_before_arrival(self, start_ns: int, run: StepRun, i0: int, k: int) -> int:
-        """Of up to ``k`` repeats from the ``i0``-th of ``run``, starting at ``start_ns``, how many run
-        before the next arrival here is seen.
-
-        The step in progress when it arrives is the last one (an arrival at the instant a step ends is
-        seen right after that step); fewer than ``k`` means the arrival cut the run short.
-        """
-        t_next = self.next_arrival_ns
-        return run.reach(i0, t_next - start_ns) if t_next < start_ns + run.ns(i0, k) else k
 
     def _run_of_steps(self, start_ns: int, run: StepRun, i0: int, k: int):
         """Hold the GPU for up to ``k`` repeats from the ``i0``-th of ``run``, or until an arrival is

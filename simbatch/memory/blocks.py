@@ -51,23 +51,21 @@ class BlockPool:
         if n > self.num_free:
             return None
         self.num_free -= n
-        first = self._next_unused
+        first, freed, head = self._next_unused, self._freed, self._head
         if first < self.num_blocks:  # some never used: those first
             unused = min(n, self.num_blocks - first)
             self._next_unused = first + unused
-            ids = list(range(first, first + unused))
             if unused == n:
-                return ids
-            n -= unused
+                return list(range(first, first + unused))
+            end = head + n - unused
+            ids = [*range(first, first + unused), *freed[head:end]]
         else:
-            ids = []
-        head = self._head
-        ids += self._freed[head:head + n]
-        head += n
-        if 2 * head >= len(self._freed):  # drop the handed-out prefix once it is half the list
-            del self._freed[:head]
-            head = 0
-        self._head = head
+            end = head + n
+            ids = freed[head:end]
+        if 2 * end >= len(freed):  # drop the handed-out prefix once it is half the list
+            del freed[:end]
+            end = 0
+        self._head = end
         return ids
 
     def free(self, ids: Sequence[int]) -> None:

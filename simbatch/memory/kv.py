@@ -67,7 +67,7 @@ class KVCacheManager:
     def allocate_slots(self, req: Request, num_new_tokens: int) -> list[int] | None:
         """Room on the device for ``req`` to compute ``num_new_tokens`` more tokens: the blocks it
         added (none when it had room), or None (and no change) if blocks are short."""
-        need = blocks_for(req.num_computed_tokens + num_new_tokens, self.block_size) - req.blocks
+        need = -(-(req.num_computed_tokens + num_new_tokens) // self.block_size) - req.blocks  # blocks_for(...)
         if need <= 0:
             return []
         ids = self.device.allocate(need)

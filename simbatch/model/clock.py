@@ -88,6 +88,7 @@ class Urgent(simpy.Event):
     arrivals, snapshots and client sends come before the engines at a tie."""
 
     def __init__(self, env: simpy.Environment, delay_ns: int):
-        super().__init__(env)
+        # Event.__init__ written out, as SimPy's Timeout does: one of these per arrival.
+        self.env, self.callbacks = env, []
         self._ok, self._value = True, None
         env.schedule(self, URGENT, delay_ns)

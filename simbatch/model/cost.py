@@ -75,9 +75,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from simbatch.config import Device
-from simbatch.model.clock import step_ns
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from simbatch.model.step import StepPlan
 
 FS_PER_MS = 10**12
@@ -265,7 +266,8 @@ class LinearCost:
                 ms += self.experts_ms(seqs + tokens)
         if extra_ms:
             ms += extra_ms
-        return step_ns(ms)
+        ns = int(ms * 1_000_000 + 0.5)  # clock.step_ns(ms), written out: this runs per plan
+        return ns if ns > 0 else 1
 
     def _roofline_units(self, plan: StepPlan) -> tuple[int, int]:
         """The roofline's two sides on the grid of ``_DEN`` units per ns: memory (weights, the experts the
@@ -274,6 +276,13 @@ class LinearCost:
         tokens = slots + plan.prefill_tokens + plan.padded_prefill_tokens + plan.draft_tokens
         fixed_fs = round((self.weights_ms + self.experts_ms(tokens)) * FS_PER_MS)
         return 2 * (fixed_fs + self.kv_read_fs_per_token * plan.kv_tokens), 2 * round(self.beta_ms * FS_PER_MS) * slots
+
+    def plan_ns_function(self) -> Callable[..., int]:
+        """:meth:`plan_ns`, or, for a cost without the roofline whose steps read no context, the function
+        it comes down to (the engine calls it per plan)."""
+        if self.weights_ms is None and not (self.kv_read_fs_per_token or self.attention_fs_per_pair):
+            return self._base_ns
+        return self.plan_ns
 
     def plan_ns(self, plan: StepPlan, extra_ms: float = 0.0) -> int:
         """Duration of a planned step on the clock's grid, ns: its decodes and prefill tokens, padding

@@ -74,14 +74,6 @@ class _OpenRun:
         self.replica, self.start_s, self.num_steps = replica, start_s, num_steps
         self.shape, self.kv_blocks_sum, self.busy_ns = shape, kv_blocks_sum, busy_ns
 
-    def add_row(self, rows: list) -> None:
-        """Append the run to ``rows`` as a row of the iterations frame, value by value in ``RUN_COLUMNS``
-        order (a flat list: no tuple per row); ``duration_s`` is the mean of its steps' durations (exact
-        when they are equal: ``busy_ns`` is a multiple of the count)."""
-        rows += (self.replica, self.start_s, self.num_steps, self.busy_ns / self.num_steps / NS_PER_S)
-        rows += self.shape
-        rows.append(self.kv_blocks_sum)
-
 
 class Recorder(Observer):
     """Time-weighted state, iteration runs and per-request outcomes of one run (see the module)."""
@@ -222,8 +214,14 @@ class Recorder(Observer):
         self._open[replica] = _OpenRun(replica, start_s, count, shape, kv_blocks_sum, busy_ns)
 
     def _close_run(self, run: _OpenRun) -> None:
-        run.add_row(self._rows)
-        if len(self._rows) >= _PACK_VALUES:
+        """Append ``run`` to the rows, value by value in ``RUN_COLUMNS`` order (a flat list: no tuple per
+        row); ``duration_s`` is the mean of its steps' durations (exact when they are equal: ``busy_ns``
+        is a multiple of the count)."""
+        rows = self._rows
+        rows += (run.replica, run.start_s, run.num_steps, run.busy_ns / run.num_steps / NS_PER_S)
+        rows += run.shape
+        rows.append(run.kv_blocks_sum)
+        if len(rows) >= _PACK_VALUES:
             self._pack()
 
     def _pack(self) -> None:

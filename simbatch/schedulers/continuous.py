@@ -131,6 +131,8 @@ class ContinuousScheduler(BaseScheduler):
         self._done_last_step: list[Request] = []
         self._done_held: list[Request] = []
         self._stepping = False
+        if not self.async_scheduling:
+            self.schedule = self._plan  # what schedule comes down to, without a call per plan in between
 
     # ---------------------------------------------------------------- the engine's cadence
     def add(self, req: Request, now: float) -> None:

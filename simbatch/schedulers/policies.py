@@ -72,14 +72,16 @@ class WaitingQueue:
         return bool(self._heap) and (not self._ordered or self._heap[0][0] < self._ordered[0][0])
 
     def peek(self) -> Request | None:
-        if self._head_in_heap():
-            return self._heap[0][1]
-        return self._ordered[0][1] if self._ordered else None
+        heap, ordered = self._heap, self._ordered
+        if heap and (not ordered or heap[0][0] < ordered[0][0]):  # _head_in_heap(), written out: per plan
+            return heap[0][1]
+        return ordered[0][1] if ordered else None
 
     def pop(self) -> Request:
-        if self._head_in_heap():
-            return heapq.heappop(self._heap)[1]
-        return self._ordered.popleft()[1]
+        heap, ordered = self._heap, self._ordered
+        if heap and (not ordered or heap[0][0] < ordered[0][0]):
+            return heapq.heappop(heap)[1]
+        return ordered.popleft()[1]
 
     # Fair queues track running counts; plain queues have nothing to do.
     def on_admit(self, req: Request) -> None:

@@ -44,9 +44,9 @@ from simbatch.schedulers.policies import WaitingQueue
 
 
 class LockstepRequest(Request):
-    """A request of the accelerated engine: while it is in a lockstep group (``lockstep``), its stored
-    counters are those of the step it joined, and reading them adds the steps since, so that it always
-    reads true (the module docstring)."""
+    """A request of the accelerated engine. Out of a lockstep group it is a plain request (its counters
+    plain attributes); in one it is a :class:`LockstepMember` (``join_lockstep``), whose counters read
+    through the group's clock."""
 
     __slots__ = ("_computed", "_generated", "_last_token_s", "_last_token_step", "lockstep")
 
@@ -54,60 +54,53 @@ class LockstepRequest(Request):
         self.lockstep: LockstepScheduler | None = None
         Request.__init__(self, *args, **kwargs)
 
+    def join_lockstep(self, group: LockstepScheduler) -> None:
+        """Into ``group``: its counters stored as they stand, read from now on through the group's clock."""
+        self._computed, self._generated = self.num_computed_tokens, self.num_generated
+        self._last_token_s, self._last_token_step = self.last_token_s, self.last_token_step
+        self.lockstep = group
+        self.__class__ = LockstepMember
+
+
+class LockstepMember(LockstepRequest):
+    """A request in a lockstep group: its stored counters are those of the step it joined, and reading
+    them adds the steps since, so that it always reads true (the module docstring). Its class while it
+    is a member, so that a request out of a group reads plain attributes, not properties."""
+
+    __slots__ = ()
+
     @property
     def num_computed_tokens(self) -> int:
-        g = self.lockstep
-        return self._computed if g is None else self._computed + g.steps_since(self)
-
-    @num_computed_tokens.setter
-    def num_computed_tokens(self, value: int) -> None:
-        assert self.lockstep is None, "a lockstep member's counters belong to its scheduler"
-        self._computed = value
+        return self._computed + self.lockstep.steps_since(self)
 
     @property
     def num_generated(self) -> int:
-        g = self.lockstep
-        return self._generated if g is None else self._generated + g.steps_since(self)
-
-    @num_generated.setter
-    def num_generated(self, value: int) -> None:
-        assert self.lockstep is None, "a lockstep member's counters belong to its scheduler"
-        self._generated = value
+        return self._generated + self.lockstep.steps_since(self)
 
     @property
     def blocks(self) -> int:
-        g = self.lockstep
-        return len(self.block_ids) if g is None else g.member_blocks(self)
+        return self.lockstep.member_blocks(self)
 
     @property
     def last_token_s(self) -> float:
         g = self.lockstep
-        return self._last_token_s if g is None or not g.steps_since(self) else g.last_end_s
-
-    @last_token_s.setter
-    def last_token_s(self, value: float) -> None:
-        assert self.lockstep is None, "a lockstep member's counters belong to its scheduler"
-        self._last_token_s = value
+        return g.last_end_s if g.steps_since(self) else self._last_token_s
 
     @property
     def last_token_step(self) -> int:
         g = self.lockstep
-        return self._last_token_step if g is None or not g.steps_since(self) else g.clock - 1
-
-    @last_token_step.setter
-    def last_token_step(self, value: int) -> None:
-        assert self.lockstep is None, "a lockstep member's counters belong to its scheduler"
-        self._last_token_step = value
+        return g.clock - 1 if g.steps_since(self) else self._last_token_step
 
     def leave_lockstep(self, steps: int, last_token_s: float, last_token_step: int) -> None:
         """Out of its lockstep group after ``steps`` steps in it, the last ending at ``last_token_s``
-        (step ``last_token_step``): its counters stored as they read."""
+        (step ``last_token_step``): its counters stored as they read, plain attributes again."""
+        self.__class__ = LockstepRequest
         self.lockstep = None
-        if steps:
-            self._computed += steps
-            self._generated += steps
-            self._last_token_s = last_token_s
-            self._last_token_step = last_token_step
+        if steps:  # (else its plain counters are still those it joined with)
+            self.num_computed_tokens = self._computed + steps
+            self.num_generated = self._generated + steps
+            self.last_token_s = last_token_s
+            self.last_token_step = last_token_step
 
 
 class LockstepScheduler(ContinuousScheduler):
@@ -134,6 +127,7 @@ class LockstepScheduler(ContinuousScheduler):
         self._granted: set[Request] = set()  # ... or only these (blocks were short)
         self._done: list[tuple[int, int, Request]] = []  # (clock after a member's last token, id, member)
         self._plan_used = 0  # blocks in use during the first step of the run planned last
+        self._applied_alone: list[Request] = []  # the requests the last step applied one by one
 
     # ---------------------------------------------------------------- planning
     def _plan(self, now: float, admit: bool = True) -> StepPlan | Idle:
@@ -149,8 +143,19 @@ class LockstepScheduler(ContinuousScheduler):
             super()._schedule_decodes(now, plan)
             return
         group, running = self._group, self.running
-        lone = [r for r in running if not r.prefill_pending and r not in group] \
-            if len(running) > len(group) + len(self._prefilling) else []
+        lone = []
+        num_lone = len(running) - len(group) - len(self._prefilling)
+        if num_lone > 0:
+            # The decodes out of the group, in running (admission) order. Most are those the last step
+            # applied one by one (a prefill that caught up, a decode that went alone): when as many of
+            # those decode here out of the group as there are such decodes, they are all of them, found
+            # without a pass over the running set.
+            lone = [r for r in self._applied_alone if r.status is RUNNING and not r.prefill_pending
+                    and r.lockstep is None]
+            if len(lone) != num_lone:
+                lone = [r for r in running if not r.prefill_pending and r not in group]
+            elif num_lone > 1:
+                lone.sort(key=_admission_order)
         if lone:
             # Those that sampled a token in the last step decode in lockstep from here on; the others
             # (a first decode after a stall) go one step alone, their token's gap recorded as a pause.
@@ -160,12 +165,19 @@ class LockstepScheduler(ContinuousScheduler):
                     self._join(req)
             if group:
                 lone = [r for r in lone if r.lockstep is None]
-        if not self._reserve_decodes(lone):
-            self._reserve_decodes_one_by_one(lone, now, plan)
+        if not lone:  # the group alone (as _reserve_decodes would take it: this is most plans)
+            n = self._phase[self.clock % self.kv.block_size]
+            if not n or self.kv.take_bulk(n):
+                self._group_reserved = self._granted_all = True
+                self._budget -= len(group)
+                return
+        elif self._reserve_decodes(lone):
+            return
+        self._reserve_decodes_one_by_one(lone, now, plan)
 
     def _assemble(self, plan: StepPlan) -> bool:
         """The model's plan of the requests scheduled one by one, with the group's members first."""
-        scheduled = super()._assemble(plan)
+        scheduled = bool(self._sched) and super()._assemble(plan)
         group = self._group
         if not (self._group_reserved and group):
             self._members_planned = 0
@@ -185,19 +197,14 @@ class LockstepScheduler(ContinuousScheduler):
         super()._preempt(victim, now, plan)
 
     def _reserve_decodes(self, lone: list[Request]) -> bool:
-        """Every decode's next block at once, if free blocks cover them all (the common case).
+        """Every decode's next block at once, if free blocks cover them all (the common case), the
+        ``lone`` decodes' and the group's (the group alone takes its blocks in _schedule_decodes).
 
         When they do, reserving one request at a time would succeed for each without preempting
         anyone, so the outcome is the same; when they do not, nothing is taken and the caller goes
         one request at a time.
         """
         bs = self.kv.block_size
-        if not lone:  # the group alone
-            if not self._take_for_group(self._phase[self.clock % bs]):
-                return False
-            self._group_reserved = self._granted_all = True
-            self._budget -= len(self._group)
-            return True
         if not self.kv.allocate_together([(r, 1) for r in lone], self._phase[self.clock % bs]):
             return False
         for req in lone:
@@ -239,21 +246,21 @@ class LockstepScheduler(ContinuousScheduler):
     # ---------------------------------------------------------------- the lockstep group
     def _join(self, req: LockstepRequest) -> None:
         """``req`` sampled a token in the last step and goes on decoding: from now on it advances with the clock."""
-        bs = self.kv.block_size
-        p = (self.clock - req.num_computed_tokens) % bs
+        bs, clock, computed = self.kv.block_size, self.clock, req.num_computed_tokens
+        p = (clock - computed) % bs
         self._phase[p] += 1
         self._phase[p + bs] += 1
         self._phase_members[p][req] = None
-        heapq.heappush(self._done, (self.clock + req.output_tokens - req.num_generated, req.request_id, req))
-        self._group_context += req.num_computed_tokens - self.clock
-        self._group[req] = self.clock
-        req.lockstep = self  # from here its counters read through the clock (steps_since)
+        heapq.heappush(self._done, (clock + req.output_tokens - req.num_generated, req.request_id, req))
+        self._group_context += computed - clock
+        self._group[req] = clock
+        req.join_lockstep(self)  # from here its counters read through the clock (steps_since)
 
     def _leave(self, req: Request) -> None:
         """Out of the lockstep, its counters stored as they stand (its heap entry goes stale: see
         _retire_done)."""
-        bs, clock = self.kv.block_size, self.clock
-        computed = req.num_computed_tokens
+        bs, clock, joined = self.kv.block_size, self.clock, self._group[req]
+        computed = req._computed + clock - joined  # num_computed_tokens, read through the clock
         p = (clock - computed) % bs
         self._phase[p] -= 1
         self._phase[p + bs] -= 1
@@ -263,7 +270,8 @@ class LockstepScheduler(ContinuousScheduler):
         if own:
             self.kv.assign_bulk(req, own)
         self._group_context -= computed - clock
-        req.leave_lockstep(clock - self._group.pop(req), self.last_end_s, clock - 1)
+        del self._group[req]
+        req.leave_lockstep(clock - joined, self.last_end_s, clock - 1)
 
     def _take_for_group(self, n: int) -> bool:
         """``n`` more blocks for the members, taken in bulk; False (and no change) if short."""
@@ -291,8 +299,9 @@ class LockstepScheduler(ContinuousScheduler):
         done, group = self._done, self._group
         while done:
             t, _, req = done[0]
-            if req in group and t == self.clock + req.output_tokens - req.num_generated:
-                return
+            joined = group.get(req)
+            if joined is not None and t == joined + req.output_tokens - req._generated:
+                return  # (its stored count is of its joining: the entry pushed then is live)
             heapq.heappop(done)
 
     def _group_blocks(self, t0: int, t1: int) -> int:
@@ -304,10 +313,11 @@ class LockstepScheduler(ContinuousScheduler):
 
     def _retire_done(self, end_s: float, outcome: StepOutcome) -> None:
         """Retire the members whose last token came at the end of this step, then drop the finished."""
-        done, group, finished = self._done, self._group, outcome.finished
-        while done and done[0][0] <= self.clock:
+        done, group, finished, clock = self._done, self._group, outcome.finished, self.clock
+        while done and done[0][0] <= clock:
             t, _, req = heapq.heappop(done)
-            if req not in group or t != self.clock + req.output_tokens - req.num_generated:
+            joined = group.get(req)
+            if joined is None or t != joined + req.output_tokens - req._generated:
                 continue  # left the lockstep since (preempted or stalled)
             self._leave(req)
             self._retire(req, end_s)
@@ -330,8 +340,12 @@ class LockstepScheduler(ContinuousScheduler):
             return 1
         if self._unseen or self._done_held:
             return 1  # async scheduling: the next plan sees these arrivals, or has these requests' room
-        self._drop_stale()
-        k = self._done[0][0] - step  # the first completion happens in the k-th step of the run
+        t, _, req = self._done[0]
+        joined = self._group.get(req)
+        if joined is None or t != joined + req.output_tokens - req._generated:
+            self._drop_stale()  # (the head is stale: _drop_stale's test, written out for the common case)
+            t = self._done[0][0]
+        k = t - step  # the first completion happens in the k-th step of the run
         if k <= 1:
             return 1
         self._waiting_at_plan = len(self.waiting)
@@ -383,11 +397,14 @@ class LockstepScheduler(ContinuousScheduler):
     def finish_steps(self, plan: StepPlan, n: int, end_s: float, step: int) -> StepOutcome:
         if n == 1:
             return self.finish_step(plan, end_s, step)
-        taken = self._take_for_group(self._group_blocks(step + 1, step + n))
-        assert taken, "a run of steps took blocks that were not free"
+        blocks = self._group_blocks(step + 1, step + n)
+        if blocks:
+            taken = self.kv.take_bulk(blocks)
+            assert taken, "a run of steps took blocks that were not free"
         self._group_reserved = False
         self.clock, self.last_end_s = step + n, end_s
         outcome = StepOutcome([], n * self._members_planned, [])
+        self._applied_alone = []
         if self._done and self._done[0][0] <= self.clock:
             self._retire_done(end_s, outcome)
         return outcome
@@ -398,8 +415,13 @@ class LockstepScheduler(ContinuousScheduler):
         self.clock, self.last_end_s = step + 1, end_s
         members = self._members_planned
         outcome = StepOutcome([], members, [])  # members emitted last step too: regular gaps
-        self._apply_decodes(plan.decodes[members:] if members else plan.decodes, end_s, step, outcome)
-        self._apply_slices(plan, end_s, step, outcome)
+        alone = plan.decodes[members:] if members else plan.decodes
+        if alone:
+            self._apply_decodes(alone, end_s, step, outcome)
+        if plan.slices:
+            self._apply_slices(plan, end_s, step, outcome)
+            alone = [*alone, *(req for req, _ in plan.slices)]
+        self._applied_alone = alone
         if self._done and self._done[0][0] <= self.clock:
             self._retire_done(end_s, outcome)
         elif outcome.finished:
@@ -408,5 +430,6 @@ class LockstepScheduler(ContinuousScheduler):
 
 
 _prefill_pending, _num_computed_tokens = attrgetter("prefill_pending"), attrgetter("num_computed_tokens")
+_admission_order = attrgetter("admitted_seq")
 
 MODES.attach("continuous", twin=LockstepScheduler)
