@@ -259,7 +259,8 @@ def tie_scenarios(draw, trace_dir) -> dict:
                     "num_requests": min(workload["num_requests"], 60)}
     replicas = draw(st.integers(1, 3))
     router = draw(routers())
-    delayed = replicas > 1 and ROUTERS[router].reads_load
+    # A signal delay applies to routers that read load, but not to those that read the caches live.
+    delayed = replicas > 1 and ROUTERS[router].reads_load and not ROUTERS[router].reads_cache
     return {
         **scenario,
         "workload": workload,
