@@ -21,7 +21,7 @@ from test_docs import _script
 from simbatch.config import Device, Scenario, replica_scenarios
 from simbatch.hardware import measured
 from simbatch.hardware.calibrate import PARAMS, calibrate
-from simbatch.hardware.cards import ModelCard, shipped
+from simbatch.hardware.cards import GpuCard, ModelCard, shipped
 from simbatch.hardware.fit_report import errors_by_dataset
 from simbatch.hardware.memory import (
     GIB,
@@ -171,6 +171,37 @@ def test_a_preset_is_the_physics_over_the_fitted_efficiencies():
     # GDDR streams at its own share of the peak.
     gddr = parse("llama-3.1-8b/L40S").device_ms(eff)
     assert gddr["weights_ms"] == pytest.approx((card.params - head) * 2 / (864e9 * eff.gddr_weights_bandwidth) * 1e3)
+
+
+def test_a_card_measured_with_vllms_kernels_replaces_the_fitted_fractions():
+    """The RTX 4090's card carries the fractions of its peaks vLLM 0.19's kernels reach on it (a profile of
+    one decoder layer's modules, shipped), where the datacenter cards' fit says far less: they are what
+    the profile gives, and they replace the fitted ones for that card only (the matrix multiplies' for
+    bf16 weights only: the profile is of bf16)."""
+    eff, _ = fitted()
+    card = shipped()[0]["RTX-4090"]
+    given = card.measured_efficiency.given()
+    profiled = measured.layer_profile_fractions("RTX-4090")
+    assert set(given) == set(profiled) == {"gddr_weights_bandwidth", "linear_flops"}
+    for name, value in profiled.items():
+        assert given[name] == pytest.approx(value, abs=5e-5), name
+    # The weights stream at about 90 % of the peak; a prompt token's multiplies at about 92 % of 165.2.
+    assert 0.88 < given["gddr_weights_bandwidth"] < 0.93 and 0.9 < given["linear_flops"] < 0.95
+    assert given["gddr_weights_bandwidth"] > eff.gddr_weights_bandwidth and given["linear_flops"] > eff.linear_flops
+    u = parse("llama-3.1-8b/RTX-4090").unit_seconds()
+    ms = parse("llama-3.1-8b/RTX-4090").device_ms(eff)
+    assert ms["weights_ms"] == pytest.approx(1e3 * u["W"] / given["gddr_weights_bandwidth"])
+    assert ms["prefill_ms_per_token"] == pytest.approx(1e3 * u["LIN"] / given["linear_flops"])
+    assert ms["beta_ms"] == pytest.approx(1e3 * u["DEC"] / eff.decode_flops)  # not measured: the fit's
+    fp8_u, fp8 = parse("llama-3.1-8b/RTX-4090/fp8").unit_seconds(), parse("llama-3.1-8b/RTX-4090/fp8").device_ms(eff)
+    assert fp8["prefill_ms_per_token"] == pytest.approx(1e3 * fp8_u["LIN"] / eff.linear_flops)
+    assert fp8["weights_ms"] == pytest.approx(1e3 * fp8_u["W"] / given["gddr_weights_bandwidth"])
+    # Every other shipped card has none, and a card's fraction is bounded.
+    assert [g.name for g in shipped()[0].values() if g.measured_efficiency.given()] == ["RTX-4090"]
+    with pytest.raises(ValidationError, match="linear_flops"):
+        GpuCard(**{**card.model_dump(), "measured_efficiency": {"linear_flops": 2.0}})
+    with pytest.raises(ValidationError, match="decode_flops"):
+        GpuCard(**{**card.model_dump(), "measured_efficiency": {"decode_flops": 0.5}})
 
 
 def test_a_moe_reads_the_experts_its_tokens_choose():

@@ -27,6 +27,23 @@ class _Card(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+class MeasuredEfficiency(_Card):
+    """Fractions of a GPU's peaks measured on it with vLLM's own kernels (:attr:`GpuCard.measured_efficiency`).
+    A kernel may beat a spec sheet's figure (boost clocks above the rated one), hence the bound past 1."""
+
+    linear_flops: float | None = Field(default=None, gt=0, le=1.25,
+        description="Prefill matrix multiplies (and the per-token norms and activations), of bf16_tflops; "
+        "bf16 weights only (an /fp8 preset keeps the fitted fraction of fp8_tflops).")
+    weights_bandwidth: float | None = Field(default=None, gt=0, le=1.25,
+        description="The weights' stream at decode, of memory_bandwidth_gb_s (an HBM card).")
+    gddr_weights_bandwidth: float | None = Field(default=None, gt=0, le=1.25,
+        description="The weights' stream at decode, of memory_bandwidth_gb_s (a GDDR card).")
+
+    def given(self) -> dict[str, float]:
+        """The fractions the card gives, by efficiency name."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
 class GpuCard(_Card):
     """One accelerator, per GPU; FLOP/s are dense (no sparsity)."""
 
@@ -57,6 +74,11 @@ class GpuCard(_Card):
     idle_watts: float | None = Field(default=None, gt=0, le=MAX_WATTS,
         description="Power at 0 % utilisation, W.")
     aliases: tuple[str, ...] = Field(default=(), description="Other names a preset may use for this GPU.")
+    measured_efficiency: MeasuredEfficiency = Field(default_factory=MeasuredEfficiency,
+        description="Fractions of this GPU's peaks measured on it with vLLM's own kernels, in place of "
+        "the ones fitted to other GPUs (simbatch/data/hardware_efficiency.yaml): linear_flops (prefill "
+        "matrix multiplies, of bf16_tflops), weights_bandwidth or gddr_weights_bandwidth (the weights' "
+        "stream, of memory_bandwidth_gb_s); the source must say where they were measured.")
     source: str = Field(default="", description="Where the numbers come from.")
 
     @model_validator(mode="after")

@@ -243,3 +243,30 @@ def fitted_ms(rows: pd.DataFrame) -> np.ndarray:
     return _per_group(rows, lambda g: np.column_stack([np.ones(len(g)), *(g[t].to_numpy(float)
                                                                          for t in ("DEC", "LIN", "KV", "ATTN"))]),
                       lambda g: g.measured_ms.notna())
+
+
+# --------------------------------------------------------------------------- one GPU's own kernels
+LAYER_PROFILES = {"RTX-4090": ("llama-3.1-8b", "llmservingsim_rtx4090_llama31_8b")}
+"""GPUs whose card carries ``measured_efficiency``: the model profiled on it, and the profile's files
+(``<stem>_dense.csv``, ``<stem>_per_sequence.csv``: vLLM's modules timed one by one, one decoder layer)."""
+_GEMMS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+_PER_TOKEN = {"act_fn": 1, "layernorm": 2, "rotary_emb": 1}  # a decoder layer runs two RMSNorms
+
+
+def layer_profile_fractions(gpu: str, folder: Path = DATA) -> dict[str, float]:
+    """The fractions of ``gpu``'s peaks its vLLM kernels reach, from a profile of one decoder layer's
+    modules vs tokens (the GPU's entry in :data:`LAYER_PROFILES`), as the preset's terms count the work
+    (:meth:`Deployment.unit_seconds`): the weights' stream is the layers' four matrix multiplies and
+    the output head at 1-16 tokens, where they are bound by memory (the median of those rows), over the
+    weights a step streams; a prompt token's matrix multiplies, norms and activations are the median
+    time per token from 1024 tokens on, where the multiplies are bound by compute, over its FLOPs."""
+    model, stem = LAYER_PROFILES[gpu]
+    d = _deployment(model, gpu)
+    u, layers = d.unit_seconds(), d.model.layers
+    dense = pd.read_csv(folder / f"{stem}_dense.csv").pivot_table(index="tokens", columns="layer", values="time_us")
+    head = pd.read_csv(folder / f"{stem}_per_sequence.csv").query("layer == 'lm_head'").set_index("sequences").time_us
+    stream_us = layers * dense.loc[1:16, list(_GEMMS)].sum(axis=1).median() + head.loc[1:16].median()
+    per_token = dense[list(_GEMMS)].sum(axis=1) + sum(n * dense[k] for k, n in _PER_TOKEN.items())
+    token_us = layers * (per_token / per_token.index).loc[1024:].median()
+    weights = "gddr_weights_bandwidth" if d.gpu.memory_kind == "gddr" else "weights_bandwidth"
+    return {weights: u["W"] / (stream_us * 1e-6), "linear_flops": u["LIN"] / (token_us * 1e-6)}

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from importlib import resources
 
 import yaml
@@ -223,7 +223,13 @@ class Deployment:
     def device_ms(self, eff: Efficiency) -> dict[str, float]:
         """The ``device`` keys this deployment gets: tau0_ms (the overheads), weights_ms (the weights'
         stream, under the decode roofline), beta_ms, prefill_ms_per_token, ..., and for a MoE ``moe`` (a dict
-        of :class:`~simbatch.config.MoE`'s keys)."""
+        of :class:`~simbatch.config.MoE`'s keys). ``eff`` gives way to what the GPU's card measured on it
+        (``measured_efficiency``: the fractions vLLM's kernels reach on that GPU), a bf16 measurement of the
+        matrix multiplies to bf16 weights only."""
+        measured = self.gpu.measured_efficiency.given()
+        if self.fp8:
+            measured.pop("linear_flops", None)
+        eff = replace(eff, **measured)
         u = self.unit_seconds()
         weights = "GW" if self.gpu.memory_kind == "gddr" else "W"
         out = {"tau0_ms": 1e3 * eff.seconds(STEP=1, LAYERS=u["LAYERS"], ALLREDUCES=u["ALLREDUCES"]),

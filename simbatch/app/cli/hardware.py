@@ -55,6 +55,10 @@ def presets(preset: str = PRESET_ARG, hf_config: Path = HF_CONFIG_OPT) -> None:
     typer.echo("")
     typer.echo("efficiencies fitted to simbatch/data/measured/hardware (simbatch/data/hardware_efficiency.yaml): " +
                ", ".join(f"{k} {v:g}" for k, v in vars(eff).items()))
+    for g in gpus.values():
+        if own := g.measured_efficiency.given():
+            typer.echo(f"  {g.name}: measured on it with vLLM's kernels, in their place: " +
+                       ", ".join(f"{k} {v:g}" for k, v in own.items()))
     typer.echo("fit error (relative, median / p90), per dataset:")
     for key, err in record["fit_error"].items():
         typer.echo(f"  {key}: {err['median']:.1%} / {err['p90']:.1%} over {err['rows']} rows")
