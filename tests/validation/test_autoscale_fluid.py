@@ -1,4 +1,4 @@
-"""Autoscaling: on a slow daily curve, the fleet follows the fluid approximation ceil(lambda(t - d) / c)
+"""15: Autoscaling: on a slow daily curve, the fleet follows the fluid approximation ceil(lambda(t - d) / c)
 
 A non-homogeneous Poisson stream of rate lambda(t) = m (1 + a cos(2 pi (t - t_peak) / P)) (drawn by
 thinning: simbatch.workload.rate_curve) feeds replicas that serve one request at a time in a fixed
@@ -69,6 +69,7 @@ def test_replicas_follow_the_fluid_approximation_on_a_slow_curve(sim, check, mod
     check.upper_bound("mean abs(ready replicas - stabilized fluid) (replicas)", 0.5, gap, seeds)
 
 
+@pytest.mark.validation  # (cheap: it keeps the validation's premise true, so it runs with it)
 def test_the_scenario_is_what_the_check_says():
     """The service time and capacity the docstring states are the device's."""
     sc = Scenario.model_validate(_spec(0, 3600.0))

@@ -1,4 +1,4 @@
-"""Cache-aware routing: a conversation kept on one replica keeps a single replica's hit rate, round robin falls to the per-replica closed form
+"""16: Cache-aware routing: a conversation kept on one replica keeps a single replica's hit rate, round robin falls to the per-replica closed form
 
 A prefix cache that never evicts, fed conversations whose turns never overlap (each turn finishes
 before the next request arrives), finds for turn k of a conversation the previous turn's computed

@@ -42,6 +42,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=True,
     pretty_exceptions_enable=False,
+    # Plain help: typer's rich help imports rich's Markdown renderer, a quarter of a second of start-up
+    # on every --help (benchmarks/cli.py holds --help to 0.3 s), for boxes around the same text.
+    rich_markup_mode=None,
 )
 for command in (run, compare):
     app.command(cls=BenchCommand)(command)  # vllm bench serve's flags, --goodput's separate pairs included
