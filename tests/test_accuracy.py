@@ -77,3 +77,15 @@ def test_re_sent_prompts_find_the_cache_the_harness_says():
     done = simulate(case.resolved(None, len(arrays)), workload=arrays).requests.iloc[first:]
     share = done["num_cached_tokens"].sum() / done["prompt_tokens"].sum()
     assert share == pytest.approx(accuracy.warm_hit_rate(case), rel=1e-12) and 0.9 < share < 1
+
+
+@pytest.mark.parametrize(("stem", "ttft_ms", "tpot_ms", "e2el_ms"), [
+    ("llama31_8b", 7097.2, 32.5, 28200.7), ("qwen3_32b_tp2", 36905.2, 80.3, 90408.1),
+    ("qwen3_30b_a3b_dp2_ep", 1086.0, 47.3, 32344.6)])
+def test_llmservingsim_runs_read_as_their_own_summary_has_them(stem, ttft_ms, tpot_ms, e2el_ms):
+    """The RTX PRO 6000 runs' vLLM means, as LLMServingSim's bench/examples/RTXPRO6000/*/validation/summary.txt
+    prints them (@ 5daddb2), from the per-request timestamps the harness reads."""
+    case = next(c for c in accuracy.cases() if c.group == f"rtxpro6000-{stem}")
+    got = case.measured
+    assert (round(got["mean_ttft_ms"], 1), round(got["mean_tpot_ms"], 1), round(got["mean_e2el_ms"], 1)) == \
+        (ttft_ms, tpot_ms, e2el_ms)

@@ -642,9 +642,10 @@ def test_bring_your_own_server_quotes_real_output():
 def test_the_shipped_measurements_are_the_shared_ones():
     """simbatch/data/measured holds copies of ../shared/data/{hardware,serving}; where the originals are
     beside the checkout, the copies equal them byte for byte (and every shipped file is named in the README)."""
-    shipped_files = sorted(p for p in measured.DATA.parent.rglob("*.csv"))
+    shipped_files = sorted(p for p in measured.DATA.parent.rglob("*") if p.suffix in (".csv", ".json", ".jsonl"))
     readme = (measured.DATA.parent / "README.md").read_text(encoding="utf-8")
-    assert shipped_files and all(f"`{p.name}`" in readme or f"{p.name}:" in readme for p in shipped_files)
+    assert shipped_files and all(any(name in readme for name in (f"`{p.name}`", f"{p.name}:", f"{p.parent.name}/{p.name}"))
+                                 for p in shipped_files)
     for p in shipped_files:
         original = measured.SHARED / p.parent.name / p.name
         if original.is_file():

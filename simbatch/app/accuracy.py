@@ -182,27 +182,82 @@ def _h200_sweep() -> list[Case]:
     return cases
 
 
+def _per_request_metrics(reqs: pd.DataFrame) -> dict[str, float]:
+    """vLLM's metrics from a run's per-request server-side times (``ttft_ms``, ``e2e_ms`` and ``tpot_ms``
+    from the engine's arrival, ``arrival_s`` and ``last_token_s`` from the run's first arrival)."""
+    ttft, e2e = reqs.ttft_ms.to_numpy(), reqs.e2e_ms.to_numpy()
+    span = float(reqs.last_token_s.max() - reqs.arrival_s.min())
+    return {"mean_ttft_ms": float(ttft.mean()), "median_ttft_ms": float(np.median(ttft)),
+            "p99_ttft_ms": float(np.percentile(ttft, 99)), "mean_tpot_ms": float(reqs.tpot_ms.mean()),
+            "mean_itl_ms": float((e2e - ttft).sum() / (reqs.output_toks - 1).sum()),
+            "mean_e2el_ms": float(e2e.mean()), "request_throughput": len(reqs) / span}
+
+
+def _per_request_case(name: str, group: str, server: str, source: str, reqs: pd.DataFrame, preset: str,
+                      prefix_caching: bool, max_num_seqs: int, max_num_batched_tokens: int,
+                      cluster: dict | None = None) -> Case:
+    """A run that recorded every request (LLMServingSim's vLLM bench): its own requests, sent when they
+    arrived, and the server's timestamps, which start at the engine: no API server in front of them."""
+    scenario = {"device": {"preset": preset},
+                "kv_cache": {"num_blocks": "auto", "enable_prefix_caching": prefix_caching},
+                "batching": {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens},
+                "frontend": {"request_latency_ms": 0.0, "response_latency_ms": 0.0}} | \
+        ({"cluster": cluster} if cluster else {})
+    return Case(name, group, server, source, scenario, _per_request_metrics(reqs),
+                requests=(reqs.arrival_s.to_numpy(), reqs.input_toks.to_numpy(), reqs.output_toks.to_numpy()),
+                client_side=False, note="server-side timestamps (from the engine's arrival: no HTTP or tokenizer)")
+
+
 def _rtx4090_run() -> list[Case]:
     """vLLM 0.19 on an RTX 4090: Llama-3.1-8B in bf16, 300 ShareGPT requests at about 10/s, per request."""
     reqs = pd.read_csv(_data("vllm019_rtx4090_llama31_8b_requests.csv"))
     server = pd.read_csv(_data("vllm019_rtx4090_llama31_8b_server.csv")).iloc[0]
-    ttft, e2e = reqs.ttft_ms.to_numpy(), reqs.e2e_ms.to_numpy()
-    span = float(reqs.last_token_s.max() - reqs.arrival_s.min())
-    measured = {"mean_ttft_ms": float(ttft.mean()), "median_ttft_ms": float(np.median(ttft)),
-                "p99_ttft_ms": float(np.percentile(ttft, 99)), "mean_tpot_ms": float(reqs.tpot_ms.mean()),
-                "mean_itl_ms": float((e2e - ttft).sum() / (reqs.output_toks - 1).sum()),
-                "mean_e2el_ms": float(e2e.mean()), "request_throughput": len(reqs) / span}
-    # Its server-side timestamps start at the engine: no API server in front of the metrics.
-    scenario = {"device": {"preset": "llama-3.1-8b/RTX-4090"},
-                "kv_cache": {"num_blocks": "auto", "enable_prefix_caching": bool(server.prefix_caching)},
-                "batching": {"max_num_seqs": int(server.max_num_seqs),
-                             "max_num_batched_tokens": int(server.max_num_batched_tokens)},
-                "frontend": {"request_latency_ms": 0.0, "response_latency_ms": 0.0}}
-    return [Case("RTX 4090 8B @ 10/s", "rtx4090", "vLLM 0.19.0, 1x RTX 4090, Llama-3.1-8B bf16, max_num_seqs 256, "
-                 "max_num_batched_tokens 2048, prefix caching, async scheduling",
-                 "casys-kaist/LLMServingSim @ 5daddb2 (simbatch/data/measured/serving)", scenario, measured,
-                 requests=(reqs.arrival_s.to_numpy(), reqs.input_toks.to_numpy(), reqs.output_toks.to_numpy()),
-                 client_side=False, note="server-side timestamps (from the engine's arrival: no HTTP or tokenizer)")]
+    return [_per_request_case("RTX 4090 8B @ 10/s", "rtx4090", "vLLM 0.19.0, 1x RTX 4090, Llama-3.1-8B bf16, "
+                              "max_num_seqs 256, max_num_batched_tokens 2048, prefix caching, async scheduling",
+                              "casys-kaist/LLMServingSim @ 5daddb2 (simbatch/data/measured/serving)", reqs,
+                              "llama-3.1-8b/RTX-4090", bool(server.prefix_caching), int(server.max_num_seqs),
+                              int(server.max_num_batched_tokens))]
+
+
+def bench_requests(path: Path) -> pd.DataFrame:
+    """LLMServingSim's ``requests.jsonl`` (one vLLM ``RequestStateStats`` a line: the client's wall-clock
+    ``arrival_time``, the engine's monotonic ``queued_ts``, ``first_token_ts``, ``last_token_ts``) as the
+    per-request columns :func:`_per_request_metrics` reads, each latency from the engine's arrival."""
+    rows = pd.DataFrame([json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line])
+    queued = rows.queued_ts
+    return pd.DataFrame({"input_toks": rows.input_toks, "output_toks": rows.output_toks,
+                         "arrival_s": rows.arrival_time - rows.arrival_time.min(),
+                         "last_token_s": rows.last_token_ts - queued.min(),
+                         "ttft_ms": 1e3 * (rows.first_token_ts - queued), "e2e_ms": 1e3 * (rows.last_token_ts - queued),
+                         "tpot_ms": 1e3 * (rows.last_token_ts - rows.first_token_ts) / (rows.output_toks - 1)})
+
+
+RTXPRO6000 = {"llama31_8b": ("llama-3.1-8b/RTX-PRO-6000", "Llama-3.1-8B bf16", "8B", None),
+              "qwen3_32b_tp2": ("qwen3-32b/RTX-PRO-6000/tp2", "Qwen3-32B bf16, TP2", "Qwen3-32B TP2", None),
+              # One engine (scheduler, KV cache) per data-parallel rank; vLLM's front end sends a request
+              # to the rank with the fewest waiting and running ones.
+              "qwen3_30b_a3b_dp2_ep": ("qwen3-30b-a3b/RTX-PRO-6000/ep2", "Qwen3-30B-A3B-Instruct-2507 bf16, DP2 "
+                                       "with expert parallelism (EP2)", "Qwen3-30B-A3B DP2 EP2",
+                                       {"replicas": 2, "router": "least_outstanding"})}
+"""LLMServingSim's RTX PRO 6000 runs: the preset, the model as the page names it, the run's short name, the cluster."""
+
+
+def _rtxpro6000_runs() -> list[Case]:
+    """vLLM 0.19 on RTX PRO 6000s: three models in bf16, the same 300 ShareGPT requests at about 10/s, per request."""
+    cases = []
+    for stem, (preset, model, short, cluster) in RTXPRO6000.items():
+        meta = json.loads(_data(f"vllm019_rtxpro6000_{stem}_meta.json").read_text(encoding="utf-8"))
+        kw = meta["engine_kwargs"]
+        gpus = kw["tensor_parallel_size"] * kw["data_parallel_size"]
+        # The runs record no cache settings: vLLM 0.19's default, prefix caching on.
+        cases.append(_per_request_case(
+            f"RTX PRO 6000 {short} @ 10/s", f"rtxpro6000-{stem}",
+            f"vLLM {meta['vllm_version']}, {gpus}x RTX PRO 6000 Blackwell, {model}, max_num_seqs "
+            f"{kw['max_num_seqs']}, max_num_batched_tokens {kw['max_num_batched_tokens']}, prefix caching, "
+            "async scheduling", "casys-kaist/LLMServingSim @ 5daddb2 (simbatch/data/measured/serving)",
+            bench_requests(_data(f"vllm019_rtxpro6000_{stem}_requests.jsonl")), preset, True,
+            int(kw["max_num_seqs"]), int(kw["max_num_batched_tokens"]), cluster))
+    return cases
 
 
 NIGHTLY = {"llama8B_tp1": ("llama-3.1-8b/A100-80GB", 8192, "Llama-3-8B-Instruct"),
@@ -240,7 +295,7 @@ def _nightly(file: str, version: str) -> list[Case]:
 
 
 CASE_SETS: tuple[Callable[[], list[Case]], ...] = (
-    _h200_sweep, _rtx4090_run,
+    _h200_sweep, _rtx4090_run, _rtxpro6000_runs,
     lambda: _nightly("vllm055_nightly_a100_sharegpt.json", "0.5.5"),
     lambda: _nightly("vllm053post1_nightly_a100_sharegpt.json", "0.5.3.post1"))
 
