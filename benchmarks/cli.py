@@ -41,6 +41,16 @@ plots.save_run_plots(Path(sys.argv[1]), result)
 print(time.perf_counter() - start)
 """
 
+ARRIVALS_1M = """
+import time
+import numpy as np
+from simbatch.config import Arrival
+from simbatch.workload.arrivals import arrival_times
+start = time.perf_counter()
+arrival_times(Arrival(process="gamma", rate=100.0, burstiness=0.5), np.random.default_rng(0), 1_000_000, None)
+print(time.perf_counter() - start)
+"""
+
 LONG_RUN = [SIMBATCH, "run", str(SCENARIOS / "stable.yaml"), "--set", "workload.duration_s=200000", "--out", "out"]
 LONG_SWEEP = [SIMBATCH, "sweep", str(SCENARIOS / "stable.yaml"), "--set", "workload.duration_s=200000",
               "-p", "workload.arrival.rate=2,3", "-r", "2", "-w", "2", "-o", "sw"]
@@ -58,6 +68,10 @@ COMMANDS = {
     "refuse-laughs": ("a billion-laughs YAML refused", [SIMBATCH, "run", "laughs.yaml"], 2, 2.0, "cpu"),
     "plots-1000": ("the plots of a 1,000-replica run (drawing only)", [sys.executable, "-c", FLEET_PLOTS, "."],
                    0, 5.0, "printed"),
+    "arrivals-1m": ("a million gamma arrivals drawn (vectorized: a per-request loop takes over a second)",
+                    [sys.executable, "-c", ARRIVALS_1M], 0, 1.0, "printed"),
+    "ctrl-c-view": ("`simbatch view` without a display stops serving after Ctrl-C",
+                    [SIMBATCH, "view", "."], 0, 1.0, "signal"),
     "ctrl-c-run": ("a long `simbatch run` stops after Ctrl-C", LONG_RUN, 130, 1.0, "signal"),
     "ctrl-c-sweep": ("a long `simbatch sweep` and its workers stop after Ctrl-C", LONG_SWEEP, 130, 1.0, "signal"),
     "plan-256": ("`simbatch plan` of docs/planning.md's worked example: 256 configurations, from scratch",
@@ -69,12 +83,15 @@ COMMANDS = {
 
 # Start-up as a user's machine has it: with Python's bytecode caches (a shell that sets
 # PYTHONDONTWRITEBYTECODE would time the compiling of pandas instead, seconds of it).
-ENV = {**os.environ, "COLUMNS": "100", "PYTHONDONTWRITEBYTECODE": ""}
+# No display either: `simbatch view` then serves its folder instead of opening a browser.
+ENV = {**{k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")},
+       "COLUMNS": "100", "PYTHONDONTWRITEBYTECODE": ""}
 
 
 def measure_once(command: list[str], expect: int, kind: str) -> float:
     with tempfile.TemporaryDirectory() as scratch:
         (Path(scratch) / "laughs.yaml").write_text(LAUGHS)
+        (Path(scratch) / "report.html").write_text("<html><body>a report</body></html>")
         if kind == "signal":
             return signalled(command, scratch, expect)
         before = resource.getrusage(resource.RUSAGE_CHILDREN)

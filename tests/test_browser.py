@@ -16,6 +16,9 @@ from simbatch import simulate
 from simbatch.app import headless, webreport
 from simbatch.inputs.loading import load_scenario
 
+# Chromium is a system package, which `make test` (pip, into .venv) cannot install: on a developer's
+# machine without it the test is skipped with the command that installs it; CI installs it
+# (.ci/run), so there a missing browser fails the suite instead of skipping.
 if headless.binaries() is None:
     if os.environ.get("CI") == "true":
         pytest.fail(headless.HOW_TO_ENABLE, pytrace=False)

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 import webbrowser
 from pathlib import Path
@@ -40,10 +39,8 @@ def test_without_a_display_it_serves_the_folder_and_stops_at_ctrl_c(tmp_path):
         assert url.startswith("http://127.0.0.1:") and url.endswith("/report.html")
         with urllib.request.urlopen(url, timeout=5) as response:
             assert response.status == 200 and response.read() == b"<html><body>the report</body></html>"
-        sent = time.monotonic()
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signal.SIGINT)  # (how soon it stops: benchmarks/cli.py, ctrl-c-view)
         assert process.wait(timeout=5) == 0
-        assert time.monotonic() - sent < 1.0
         assert process.stdout.read() == "stopped\n" and process.stderr.read() == ""
     finally:
         if process.poll() is None:
