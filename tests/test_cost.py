@@ -113,3 +113,28 @@ def test_stability_scales_with_replicas_and_charges_prefill():
     assert s.offered_load == pytest.approx(2 * (500 * 0.0328 / 64 + 0.05))
     assert s.capacity_requests_per_s == pytest.approx(1 / (500 * 0.0328 / 64 + 0.05))
     assert s.full_batch_latency_s == pytest.approx(500 * 0.0328 + 0.05)
+
+
+def test_the_gemm_tile_switch_charges_steps_inside_its_window_only():
+    """A step of low < tokens <= high (decodes and prompt tokens together) costs gemm_tier_ms more,
+    on the roofline and off it, and through the engine's per-plan path."""
+    from simbatch.model.cost import LinearCost
+    from simbatch.model.step import StepPlan
+
+    device = Device(tau0_ms=10.0, beta_ms=1.0, prefill_ms_per_token=0.5, gemm_tier_tokens=[16, 64], gemm_tier_ms=3.0)
+    cost = LinearCost.of(device)
+    assert cost.step_ms(16) == pytest.approx(26.0)  # 10 + 16: at the switch, not above it
+    assert cost.step_ms(17) == pytest.approx(30.0)  # 10 + 17 + 3
+    assert cost.step_ms(10, 7) == pytest.approx(26.5)  # 10 + 10 + 3.5 + 3: the prompt's tokens count too
+    assert cost.step_ms(64) == pytest.approx(77.0) and cost.step_ms(65) == pytest.approx(75.0)  # above high: none
+    plan = StepPlan()
+    plan.decode_seqs = 17
+    assert cost.plan_ns(plan) == 30_000_000
+    roofline = LinearCost.of(device.model_copy(update={"weights_ms": 20.0}))
+    assert roofline.step_ms(17) - roofline.step_ms(16) == pytest.approx(3.0)
+    assert LinearCost.of(device.model_copy(update={"gemm_tier_tokens": None})).step_ms(17) == pytest.approx(27.0)
+
+
+def test_a_gemm_tile_window_must_be_ordered():
+    with pytest.raises(ValueError, match="gemm_tier_tokens"):
+        Device(gemm_tier_tokens=[64, 16], gemm_tier_ms=1.0)

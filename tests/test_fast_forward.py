@@ -373,6 +373,20 @@ def test_fast_forward_under_memory_pressure_and_overload():
     })
 
 
+def test_the_gemm_tile_switch_runs_alike_stepped_or_accelerated():
+    """Steps whose batch crosses the GEMM tile switch (17 to 64 tokens here) cost more; a decode run's
+    repeats keep one membership, so one charge each, and the runs still sum exactly, context read included."""
+    scenario = {"workload": {"num_requests": 200, "arrival": {"rate": 40.0},
+                             "prompt_tokens": {"dist": "uniform", "low": 4, "high": 120},
+                             "output_tokens": {"dist": "exponential", "mean": 80, "max": 400}},
+                "device": {"tau0_ms": 19.5, "beta_ms": 0.12, "prefill_ms_per_token": 0.13,
+                           "kv_read_ms_per_1k_tokens": 0.035, "gemm_tier_tokens": [16, 64], "gemm_tier_ms": 7.0}}
+    assert_same_run(scenario)
+    charged = simulate(Scenario.model_validate(scenario)).summary["mean_itl_ms"]
+    free = simulate(Scenario.model_validate({**scenario, "device": {**scenario["device"], "gemm_tier_ms": 0.0}}))
+    assert charged > free.summary["mean_itl_ms"]
+
+
 def test_speculative_decoding_runs_alike_stepped_or_accelerated():
     """Speculating decodes emit a random count each step: the accelerated engine plans them one at a
     time, with the same acceptances, through preemptions and arrivals on step boundaries."""

@@ -411,6 +411,57 @@ def test_per_step_calibration_recovers_the_costs(tmp_path):
     assert device.tau0_ms == pytest.approx(8.0)
 
 
+def test_per_step_calibration_recovers_the_gemm_tile_switch(tmp_path):
+    """Steps of 17 to 64 tokens cost gemm_tier_ms more: told the switch, the fit finds it exactly, and its
+    device section names the window."""
+    rng = np.random.default_rng(3)
+    B = rng.integers(1, 40, 300)
+    P = rng.choice([0, 0, 0, 8, 300], 300)
+    y = 19.0 + 0.1 * B + 0.12 * P + 6.5 * ((B + P > 16) & (B + P <= 64))
+    pd.DataFrame({"batch_size": B, "prefill_tokens": P, "context_tokens": 0, "step_ms": y}).to_csv(
+        tmp_path / "steps.csv", index=False)
+    fit = calibrate([tmp_path / "steps.csv"], tier_tokens=(16, 64))
+    assert fit.params["gemm_tier_ms"] == pytest.approx(6.5, rel=1e-8)
+    assert fit.params["tau0_ms"] == pytest.approx(19.0, rel=1e-8)
+    device = Device.model_validate(yaml.safe_load(fit.yaml_snippet())["device"])
+    assert device.gemm_tier_tokens == (16, 64) and device.gemm_tier_ms == pytest.approx(6.5)
+    assert "gemm_tier_ms" not in calibrate([tmp_path / "steps.csv"]).params  # not told: no such cost
+
+
+def test_the_tile_switch_share_is_a_poisson_window():
+    """A decoding request sees itself and Poisson(others) decodes, and with probability q a prompt's new
+    tokens: the share of its steps inside (low, high], by hand for small cases."""
+    from scipy.stats import poisson
+
+    from simbatch.hardware.calibrate import own_step_share, tier_share
+
+    assert tier_share(3.0, np.array([8.0]), 0.0, None) == 0.0
+    # no prompt: 1 + X in (2, 5] <=> X in {2, 3, 4}
+    assert tier_share(3.0, np.array([8.0]), 0.0, (2, 5)) == pytest.approx(sum(poisson.pmf(k, 3.0) for k in (2, 3, 4)))
+    # always a prompt of 2 new tokens: 3 + X in (2, 5] <=> X in {0, 1, 2}
+    assert tier_share(3.0, np.array([2.0]), 1.0, (2, 5)) == pytest.approx(poisson.cdf(2, 3.0))
+    # the prompt's own step: X + 4 in (2, 5] <=> X in {0, 1}
+    assert own_step_share(3.0, np.array([4.0]), (2, 5)) == pytest.approx(poisson.cdf(1, 3.0))
+
+
+def test_a_bench_file_shows_the_tile_switch_in_its_itl_percentiles(tmp_path):
+    """The steps above the switch are the slowest gaps: a percentile deep inside them, less the median,
+    is one of them; a run whose switch is too rare to reach its percentiles gives no such point."""
+    from simbatch.hardware.calibrate import _long_step
+    from simbatch.workload import bench_result
+
+    base = {"completed": 300, "num_prompts": 300, "request_rate": 3.0, "total_input_tokens": 62238,
+            "total_output_tokens": 59212, "request_throughput": 2.75, "mean_ttft_ms": 64.7, "mean_tpot_ms": 22.76,
+            "mean_itl_ms": 22.70, "median_itl_ms": 21.15, "p95_itl_ms": 27.89, "p99_itl_ms": 28.14}
+    path = tmp_path / "rate-3.json"
+    path.write_text(json.dumps(base), encoding="utf-8")
+    result = bench_result.read(path)
+    rows = _long_step(result, 0.2, "h200")
+    assert rows.measured[0] == pytest.approx(27.89 - 21.15) and "p95" in rows.labels[0]  # 5 % tail < 10 %
+    assert "p99" in _long_step(result, 0.05, "h200").labels[0]
+    assert _long_step(result, 0.01, "h200") is None
+
+
 def test_costs_the_data_cannot_separate_are_held(tmp_path):
     frame = _steps(np.random.default_rng(2), 100, np.zeros(5))
     frame["prefill_tokens"] = 0  # decode-only steps: nothing to tell the prefill costs by

@@ -105,6 +105,16 @@ class Device(_Model):
         description="The weights' stream per step, ms: given, a step is tau0 + max(weights_ms + experts + delta K, "
         "beta B) + gamma P + epsilon A (the decode roofline: decode matmuls hide under the memory traffic, tau0 "
         "the overheads alone); omitted, every cost adds. Presets set it, unless tau0_ms is given.")
+    gemm_tier_tokens: tuple[PosInt, PosInt] | None = Field(
+        default=None,
+        description="[low, high]: a step of more than low and at most high tokens (decodes, prompt tokens and "
+        "drafts, padded ones too) runs its matrix multiplies with a wider kernel tile, which streams the weights "
+        "more slowly: vLLM's CUTLASS fp8 GEMM on Hopper (scaled_mm_sm90_fp8_dispatch) uses its 64x64 tile for "
+        "16 < M <= 64, so [16, 64]; above high a step's prompt tokens dominate (prefill_ms_per_token); omitted, "
+        "no switch.")
+    gemm_tier_ms: NonNegFloat = Field(
+        default=0.0, le=MAX_CONTEXT_COST_MS,
+        description="What a step above gemm_tier_tokens costs more, ms (simbatch calibrate fits it).")
     preset: str | None = Field(
         default=None, description="<model>/<gpu>[/tpN][/epN][/fp8], e.g. llama-3.1-8b/H100-SXM/tp2: the costs "
         "above from public specs (`simbatch presets` lists the names); keys given here override it.")
@@ -140,6 +150,9 @@ class Device(_Model):
             self._cards_named()
         if self.tau0_ms == 0 and self.beta_ms == 0:
             raise ValueError("tau0_ms and beta_ms are both 0: a step would take no time")
+        if self.gemm_tier_tokens is not None and not self.gemm_tier_tokens[0] < self.gemm_tier_tokens[1] <= 1_000_000:
+            raise ValueError(f"gemm_tier_tokens {list(self.gemm_tier_tokens)}: expected [low, high] with low < high "
+                             "<= 1,000,000, e.g. [16, 64]")
         return self
 
     def _cards_named(self) -> None:

@@ -1,14 +1,16 @@
 """Fit the device costs to a server's own measurements: per-step timings, or ``vllm bench serve`` results.
 
 Both kinds of input become rows of one linear system in the five costs
-``theta = (tau0_ms, beta_ms, prefill_ms_per_token, kv_read_ms_per_1k_tokens, prefill_attention_ms_per_1m_pairs)``
-and the fixed time a request spends outside the GPU, ``frontend_ms`` (F): ``measured_ms = X @ theta``.
+``theta = (tau0_ms, beta_ms, prefill_ms_per_token, kv_read_ms_per_1k_tokens, prefill_attention_ms_per_1m_pairs)``,
+the GEMM tile switch's ``gemm_tier_ms`` when a ``gemm_tier_tokens`` is given (a step of more tokens costs it
+more: docs/hardware.md), and the fixed time a request spends outside the GPU, ``frontend_ms`` (F):
+``measured_ms = X @ theta``.
 Each row is divided by its measurement, so the fit minimises relative error, and the costs are found
 by non-negative least squares (a cost cannot be negative).
 
 **Per-step CSV** (columns ``batch_size``, ``prefill_tokens``, ``context_tokens``, ``step_ms``, and
-optionally ``prefill_attention_pairs``): one row per step, ``X = [1, B, P, K/1e3, A/1e6, 0]``, exact up
-to the measurements' noise.
+optionally ``prefill_attention_pairs``): one row per step, ``X = [1, B, P, K/1e3, A/1e6, [B + P > G], 0]``
+(``G`` the tile switch's tokens), exact up to the measurements' noise.
 
 **vllm bench serve --save-result JSON** (any release, read by :mod:`simbatch.workload.bench_result`):
 one file per request rate gives two equations, from the means it reports, by a closed-form
@@ -23,7 +25,10 @@ prefilled), ``s`` the mean step time a decoding request sees:
   Poisson, the time-average of the others: ``B = Bbar + 1``, reading ``K = B * (Ein + Eout/2)`` KV
   tokens (cached or not); a step carries the new tokens of the prompts that arrived during one step:
   ``P = lam * Enew * s`` and ``A = lam * E[pairs] * s``, a prompt of ``c`` new tokens after ``k``
-  cached having ``c (k + c/2)`` attention pairs. So ``s = tau0 + beta B + gamma P + delta K + eps A``.
+  cached having ``c (k + c/2)`` attention pairs. So ``s = tau0 + beta B + gamma P + delta K + eps A
+  + tier p``, ``p`` the share of its steps above the tile switch's ``G`` tokens: the others decoding
+  being Poisson with mean ``Bbar``, a step holds ``1 + Poisson(Bbar)`` decodes and, with probability
+  ``lam s``, a prompt's new tokens.
 - the first token (vLLM's engine loop and API server, docs/hardware.md): a request spends ``F``
   outside the GPU (HTTP and tokenisation in the API server, the engine's input queue, detokenisation and streaming back); if
   the engine is busy (probability ``1 - exp(-N)``, N requests in the system) it waits for the next
@@ -31,7 +36,9 @@ prefilled), ``s`` the mean step time a decoding request sees:
   (vLLM's default since late 2025: the scheduler runs a step ahead, so a request arriving in step k is
   first scheduled in step k + 2) one whole step more; then comes out of a step carrying its own
   prefill on top of an average one:
-  ``mean_ttft = F + c (1 - exp(-N)) s + s + gamma Enew + eps E[pairs]``, ``c = 1.5`` async, ``0.5`` sync.
+  ``mean_ttft = F + c (1 - exp(-N)) s + s + gamma Enew + eps E[pairs] + tier (p_own - p)``, ``c = 1.5``
+  async, ``0.5`` sync, ``p_own`` the chance that its own step (``Poisson(Bbar)`` decodes and its prompt's
+  new tokens) is above the switch.
   Only the least loaded run of each prompt length gives this equation: under load TTFT also counts
   the wait for a slot, which it leaves out.
 
@@ -61,14 +68,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
+from scipy.stats import poisson
 
 from simbatch.config import DEVICE_COSTS
 from simbatch.workload import bench_result
 from simbatch.workload.bench_result import BenchResult
 
 PARAMS = DEVICE_COSTS
+TIER = "gemm_tier_ms"
 FRONTEND = "frontend_ms"
-UNKNOWNS = (*PARAMS, FRONTEND)
+UNKNOWNS = (*PARAMS, TIER, FRONTEND)
 STEP_COLUMNS = ("batch_size", "prefill_tokens", "context_tokens", "step_ms")
 BENCH_KEYS = bench_result.MEANS
 
@@ -95,6 +104,8 @@ SEPARATE = {
     "kv_read_ms_per_1k_tokens": "runs at several prompt and output lengths (context growing apart from the batch), "
                                 "or per-step timings",
     "prefill_attention_ms_per_1m_pairs": "runs at short and long prompts, or per-step timings",
+    TIER: "runs loaded enough that some steps hold more tokens than gemm_tier_tokens (decodes and new prompt "
+          "tokens), beside lighter ones, or per-step timings on both sides of it",
     FRONTEND: "lightly loaded runs at two or more prompt lengths (the fixed part is what does not grow with the prompt)",
 }
 
@@ -129,15 +140,41 @@ class Rows:
                     self.offset[keep])
 
 
-def step_design(B, P, K, A) -> np.ndarray:
-    """The columns of the step-time model for arrays of B, P, K, A: [1, B, P, K/1e3, A/1e6, 0]."""
+def step_design(B, P, K, A, tier=0.0) -> np.ndarray:
+    """The columns of the step-time model for arrays of B, P, K, A and the share of steps above the GEMM
+    tile switch: [1, B, P, K/1e3, A/1e6, tier, 0]."""
     B = np.asarray(B, dtype=float)
     return np.column_stack([np.ones_like(B), B, np.asarray(P, float) + 0 * B, np.asarray(K, float) / 1e3 + 0 * B,
-                            np.asarray(A, float) / 1e6 + 0 * B, 0 * B])
+                            np.asarray(A, float) / 1e6 + 0 * B, np.asarray(tier, float) + 0 * B, 0 * B])
 
 
-def steps_rows(path: Path) -> Rows:
-    """A per-step CSV as equations (one per step)."""
+def _within(others: float, fixed, tier_tokens: tuple[int, int]) -> float:
+    """P(low < X + fixed <= high) for X ~ Poisson(others), averaged over the array ``fixed``."""
+    low, high = tier_tokens
+    fixed = np.asarray(fixed, float)
+    return float(np.mean(poisson.cdf(np.floor(high - fixed), others) - poisson.cdf(np.floor(low - fixed), others)))
+
+
+def tier_share(others: float, new_tokens: np.ndarray, prefill_chance: float,
+               tier_tokens: tuple[int, int] | None) -> float:
+    """The share of the steps a decoding request sees holding ``low < tokens <= high`` (``tier_tokens``):
+    itself, ``Poisson(others)`` other decodes and, with probability ``prefill_chance``, one prompt's new
+    tokens (``new_tokens``: each prompt's, averaged over). 0 without a switch."""
+    if not tier_tokens:
+        return 0.0
+    q = min(1.0, max(0.0, prefill_chance))
+    return (1 - q) * _within(others, 1.0, tier_tokens) + q * _within(others, 1.0 + np.asarray(new_tokens, float),
+                                                                      tier_tokens)
+
+
+def own_step_share(others: float, new_tokens: np.ndarray, tier_tokens: tuple[int, int] | None) -> float:
+    """The chance that the step carrying a prompt's new tokens (``new_tokens``, averaged over) beside
+    ``Poisson(others)`` decodes holds ``low < tokens <= high``; 0 without a switch."""
+    return _within(others, new_tokens, tier_tokens) if tier_tokens else 0.0
+
+
+def steps_rows(path: Path, tier_tokens: tuple[int, int] | None = None) -> Rows:
+    """A per-step CSV as equations (one per step); ``tier_tokens``: the GEMM tile switch, if any."""
     try:
         frame = pd.read_csv(path)
     except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
@@ -157,7 +194,9 @@ def steps_rows(path: Path) -> Rows:
     if len(values) == 0:
         raise CalibrationError(f"{path}: no rows; give one row per measured step")
     A = values.prefill_attention_pairs if "prefill_attention_pairs" in values else 0.0
-    X = step_design(values.batch_size, values.prefill_tokens, values.context_tokens, A)
+    tokens = (values.batch_size + values.prefill_tokens).to_numpy(float)
+    tier = ((tokens > tier_tokens[0]) & (tokens <= tier_tokens[1])).astype(float) if tier_tokens else 0.0
+    X = step_design(values.batch_size, values.prefill_tokens, values.context_tokens, A, tier)
     return Rows(X, values.step_ms.to_numpy(float), [f"{path.name}:{i + 2}" for i in range(len(values))])
 
 
@@ -244,7 +283,7 @@ def _step_ms(result: BenchResult, notes: list[str]) -> float:
 
 
 def bench_rows(result: BenchResult, label: str, outside: Outside, notes: list[str],
-               warnings: list[str]) -> tuple[Rows, Rows | None]:
+               warnings: list[str], tier_tokens: tuple[int, int] | None = None) -> tuple[Rows, Rows | None]:
     """A bench result as its step equation and its TTFT equation (None when it cannot hold)."""
     result.require(BENCH_KEYS, "calibrate needs")
     r = result.summary
@@ -268,8 +307,12 @@ def bench_rows(result: BenchResult, label: str, outside: Outside, notes: list[st
     e_new = e_in * (1 - h)
     b_bar = lam * (e_out - 1) * r["mean_tpot_ms"]
     B = b_bar + 1
-    step = Rows(step_design(B, lam * e_new * s, B * (e_in + e_out / 2), lam * pairs * s), np.array([s]),
+    tier = tier_share(b_bar, new, lam * s, tier_tokens)
+    step = Rows(step_design(B, lam * e_new * s, B * (e_in + e_out / 2), lam * pairs * s, tier), np.array([s]),
                 [f"{label} (rate {result.rate_text()}): mean step ({'ITL' if s != r['mean_tpot_ms'] else 'TPOT'})"])
+    long = _long_step(result, tier, label)
+    if long is not None:
+        step = Rows.concat([step, long])
     busy = 1 - math.exp(-(b_bar + lam * ttft))
     cadence = 1.5 if outside.async_scheduling else 0.5
     known = s * (1 + cadence * busy)
@@ -285,8 +328,35 @@ def bench_rows(result: BenchResult, label: str, outside: Outside, notes: list[st
                         "negative prefill; left out of the fit. Check the scheduling (--no-async-scheduling) and that "
                         "the file's TTFT counts every request; a lightly loaded run (1 req/s) gives a usable TTFT")
         return step, None
-    X = np.array([[0.0, 0.0, e_new, 0.0, pairs / 1e6, 1.0]])
+    X = np.array([[0.0, 0.0, e_new, 0.0, pairs / 1e6, own_step_share(b_bar, new, tier_tokens) - tier, 1.0]])
     return step, Rows(X, np.array([lhs]), [ttft_label], np.array([known]))
+
+
+def _long_step(result: BenchResult, share: float, label: str) -> Rows | None:
+    """The tile switch's cost read off the file's ITL percentiles: the steps above the switch are the
+    slowest ``share`` of the gaps, so a percentile well inside them (its tail under half the share)
+    less the median (an ordinary step) is one such step's extra time; None when no reported percentile
+    lies that deep in them (``share`` under 2 %: the switch too rare to show)."""
+    r = result.summary
+    median = r.get("median_itl_ms")
+    levels = sorted((float(k[1:-7]), v) for k, v in r.items()
+                    if k.startswith("p") and k.endswith("_itl_ms") and _is_number(k[1:-7]) and v is not None)
+    inside = [(q, v) for q, v in levels if (100 - q) / 100 < share / 2]
+    if not median or not inside or inside[0][1] <= median:
+        return None
+    q, value = inside[0]
+    X = np.zeros((1, len(UNKNOWNS)))
+    X[0, UNKNOWNS.index(TIER)] = 1.0
+    return Rows(X, np.array([value - median]),
+                [f"{label} (rate {result.rate_text()}): p{q:g} ITL - median ITL (a step above the GEMM tile switch)"])
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _repeated_prompts(results: list[BenchResult], given: dict) -> None:
@@ -318,14 +388,14 @@ class Inputs:
 
 
 def rows_of(paths: list[Path], frontend_ms: float | None = None, async_scheduling: bool | None = None,
-            hit_rates: dict | None = None) -> Inputs:
+            hit_rates: dict | None = None, tier_tokens: tuple[int, int] | None = None) -> Inputs:
     """Every file's equations (module docstring). ``hit_rates``: path -> the prefix cache's hit rate of
-    that file's run (key None: every file's)."""
+    that file's run (key None: every file's); ``tier_tokens``: the GEMM tile switch, if any."""
     hit_rates = hit_rates or {}
     parts, benches = [], []
     for p in paths:
         if p.suffix.lower() == ".csv":
-            parts.append(steps_rows(p))
+            parts.append(steps_rows(p, tier_tokens))
         elif p.suffix.lower() == ".json":
             try:
                 benches.append(bench_result.read(p))
@@ -350,7 +420,7 @@ def rows_of(paths: list[Path], frontend_ms: float | None = None, async_schedulin
         o = outside_of(b, frontend_ms, async_scheduling, hit_rates.get(b.path, hit_rates.get(None)))
         outside[b.path] = o
         try:
-            step, ttft = bench_rows(b, names[b.path], o, notes, warnings)
+            step, ttft = bench_rows(b, names[b.path], o, notes, warnings, tier_tokens)
         except bench_result.BenchResultError as exc:
             raise CalibrationError(str(exc)) from None
         steps.append(step)
@@ -385,6 +455,7 @@ class Fit:
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     outside: dict[Path, Outside] = field(default_factory=dict)  # each bench file's TTFT settings
+    tier_tokens: tuple[int, int] | None = None  # the GEMM tile switch the fit was told (params then hold gemm_tier_ms)
 
     @property
     def async_scheduling(self) -> bool | None:
@@ -399,6 +470,7 @@ class Fit:
         lines = [f"# simbatch calibrate: {len(self.warnings)} warning(s), see its output"] if self.warnings else []
         lines += ["device:"] + ([f"  preset: {preset}"] if preset else [])
         lines += [f"  {k}: {v:.6g}" for k, v in self.params.items()]
+        lines += [f"  gemm_tier_tokens: [{self.tier_tokens[0]}, {self.tier_tokens[1]}]"] if self.tier_tokens else []
         if self.outside:
             lines += ["frontend:", f"  request_latency_ms: {self.frontend_ms:.6g}"]
         if self.async_scheduling is not None:
@@ -409,6 +481,7 @@ class Fit:
         """The snippet as ``--set`` items (for a replay with the fitted device)."""
         out = [f"device.preset={preset}"] if preset else []
         out += [f"device.{k}={v!r}" for k, v in self.params.items()]
+        out += [f"device.gemm_tier_tokens=[{self.tier_tokens[0]},{self.tier_tokens[1]}]"] if self.tier_tokens else []
         if self.outside:
             out.append(f"frontend.request_latency_ms={self.frontend_ms!r}")
         if self.async_scheduling is not None:
@@ -430,10 +503,13 @@ def _identifiable(X: np.ndarray, order: list[int]) -> list[int]:
     return kept
 
 
-def fit(rows: Rows, free: list[str], held_values: dict[str, float], strict: bool) -> Fit:
+def fit(rows: Rows, free: list[str], held_values: dict[str, float], strict: bool,
+        tier_tokens: tuple[int, int] | None = None) -> Fit:
     """Non-negative least squares of ``rows`` in relative error, the ``free`` unknowns fitted, the others
     at ``held_values`` (0 when absent). ``strict``: a free unknown the data cannot determine is an error,
-    not held. The fit's warnings say what it could not determine and what came out at its bound."""
+    not held. The fit's warnings say what it could not determine and what came out at its bound.
+    ``tier_tokens``: the GEMM tile switch the rows were made with (its cost is then among the params)."""
+    costs = (*PARAMS, TIER) if tier_tokens else PARAMS
     idx = [UNKNOWNS.index(p) for p in free]
     held_idx = [j for j in range(len(UNKNOWNS)) if j not in idx]
     base = rows.X[:, held_idx] @ np.array([held_values.get(UNKNOWNS[j], 0.0) for j in held_idx])
@@ -450,7 +526,7 @@ def fit(rows: Rows, free: list[str], held_values: dict[str, float], strict: bool
         theta[kept] = nnls(Xw[:, kept], (rows.measured - base) * weights)[0]
     fitted_ms = rows.X @ theta + rows.offset
     measured = rows.measured + rows.offset
-    held = {UNKNOWNS[j]: "held" for j in held_idx if UNKNOWNS[j] in PARAMS} | \
+    held = {UNKNOWNS[j]: "held" for j in held_idx if UNKNOWNS[j] in costs} | \
         {p: "cannot be told apart from the others by these data" for p in lost}
     points = pd.DataFrame({"label": rows.labels, "measured_ms": measured, "fitted_ms": fitted_ms,
                            "relative_error": (fitted_ms - measured) / measured})
@@ -476,29 +552,37 @@ def fit(rows: Rows, free: list[str], held_values: dict[str, float], strict: bool
                         f"measured, {points.relative_error[i]:+.1%} (over {MAX_RELATIVE_ERROR:.0%}): the equations do "
                         "not describe this run (an oversubscribed rate, a burst at rate inf, another server); leave "
                         "it out or add runs that pin the costs")
-    params = dict(zip(PARAMS, map(float, theta[:len(PARAMS)]), strict=True))
-    return Fit(params, tuple(UNKNOWNS[j] for j in kept), held, points, float(theta[-1]), warnings)
+    params = {k: float(theta[UNKNOWNS.index(k)]) for k in costs}
+    return Fit(params, tuple(UNKNOWNS[j] for j in kept), held, points, float(theta[-1]), warnings,
+               tier_tokens=tier_tokens)
 
 
 def calibrate(paths: list[Path], fit_only: list[str] | None = None, start: dict[str, float] | None = None,
               frontend_ms: float | None = None, async_scheduling: bool | None = None,
-              hit_rates: dict | None = None) -> Fit:
+              hit_rates: dict | None = None, tier_tokens: tuple[int, int] | None = None) -> Fit:
     """Fit the costs to ``paths`` (per-step CSV and bench JSON files together).
 
     ``fit_only`` lists the unknowns to fit (an error when the data cannot determine one; ``frontend_ms``
     among them fits F); by default, per-step data fit all five costs and bench results the first three,
     the rest held at ``start`` (a preset's values) or 0, F at ``frontend_ms`` or the file's default.
+    ``tier_tokens`` (or ``start``'s ``gemm_tier_tokens``): the GEMM tile switch; given, ``gemm_tier_ms``
+    is fitted too (held at ``start``'s or 0 when the data do not reach it).
     """
-    inputs = rows_of(paths, frontend_ms, async_scheduling, hit_rates)
+    start = dict(start or {})
+    tier_tokens = tuple(tier_tokens or start.pop("gemm_tier_tokens", None) or ()) or None
+    start.pop("gemm_tier_tokens", None)
+    inputs = rows_of(paths, frontend_ms, async_scheduling, hit_rates, tier_tokens)
     frontends = {o.frontend_ms for o in inputs.outside.values()}
     held = dict(start or {}) | {FRONTEND: frontends.pop() if len(frontends) == 1 else DEFAULT_FRONTEND_MS}
     if fit_only is not None:
         unknown = [p for p in fit_only if p not in UNKNOWNS]
-        if unknown or not fit_only:
-            raise CalibrationError(f"--fit {','.join(fit_only)}: name costs among {', '.join(UNKNOWNS)}")
-        result = fit(inputs.rows, list(fit_only), held, strict=True)
+        if unknown or not fit_only or (TIER in fit_only and not tier_tokens):
+            raise CalibrationError(f"--fit {','.join(fit_only)}: name costs among {', '.join(UNKNOWNS)} "
+                                   f"({TIER} with --gemm-tier-tokens only)")
+        result = fit(inputs.rows, list(fit_only), held, strict=True, tier_tokens=tier_tokens)
     else:
-        result = fit(inputs.rows, list(PARAMS[:3] if inputs.bench else PARAMS), held, strict=False)
+        free = list(PARAMS[:3] if inputs.bench else PARAMS) + ([TIER] if tier_tokens else [])
+        result = fit(inputs.rows, free, held, strict=False, tier_tokens=tier_tokens)
     result.warnings = inputs.warnings + result.warnings
     result.outside = inputs.outside
     settings = dict.fromkeys(f"frontend_ms {o.frontend_ms:g} ({o.frontend_from}), {'async' if o.async_scheduling else 'sync'} "

@@ -30,6 +30,14 @@ too), the expected number of distinct experts a layer reads is ``E (1 - (1 - k/E
 it serves, each for ``expert_read_ms``. The term depends on the step's tokens only, so repeats of
 one decode plan cost the same, and runs stay exact (below).
 
+**The GEMM tile switch** (``device.gemm_tier_tokens``, ``device.gemm_tier_ms``). A GEMM library picks
+its kernel by the number of rows ``M``, the step's tokens (padded: a CUDA graph's batch). vLLM's CUTLASS
+fp8 GEMM on Hopper (``csrc/quantization/w8a8/cutlass/c3x/scaled_mm_sm90_fp8_dispatch.cuh``) runs
+``M <= 16`` with a 64x16 tile and ``16 < M <= 64`` with a 64x64 one, which streams the weights more
+slowly: a step of ``low < tokens <= high`` (``gemm_tier_tokens: [16, 64]``) costs ``gemm_tier_ms`` more.
+Above ``high`` a step carries a prompt's tokens, whose cost ``gamma`` already is. Like the experts'
+term it depends on the step's tokens only.
+
 **The decode roofline** (``device.weights_ms``, which the presets set). A decode step's matrix
 multiplies run on weights streaming from memory: until they need more time than the stream they hide
 under it. With ``weights_ms`` (the weights' stream, ms) the step is
@@ -212,6 +220,10 @@ class LinearCost:
     expert_token_scale: int = 1
     # The decode roofline (device.weights_ms; module docstring): None adds every cost.
     weights_ms: float | None = None
+    # The GEMM kernel's tile switch (device.gemm_tier_tokens; module docstring): 0 for none.
+    tier_low: int = 0
+    tier_high: int = 0
+    tier_ms: float = 0.0
 
     @classmethod
     def of(cls, device: Device, swap_ms_per_block: float = 0.0) -> LinearCost:
@@ -220,7 +232,16 @@ class LinearCost:
                    moe.data_parallel_size) if moe is not None and moe.expert_read_ms else (0.0, 0, 1.0, 1)
         return cls(device.tau0_ms, device.beta_ms, device.prefill_ms_per_token, swap_ms_per_block,
                    round(device.kv_read_ms_per_1k_tokens * FS_PER_MS / 1e3),
-                   round(device.prefill_attention_ms_per_1m_pairs * FS_PER_MS / 1e6), *experts, device.weights_ms)
+                   round(device.prefill_attention_ms_per_1m_pairs * FS_PER_MS / 1e6), *experts, device.weights_ms,
+                   *(device.gemm_tier_tokens or (0, 0)), device.gemm_tier_ms if device.gemm_tier_tokens else 0.0)
+
+    def tier_of(self, tokens: int | float) -> float:
+        """What the GEMM tile switch adds to a step of ``tokens`` tokens, ms (0 outside (low, high])."""
+        if not self.tier_ms:
+            return 0.0
+        if isinstance(tokens, np.ndarray):
+            return np.where((tokens > self.tier_low) & (tokens <= self.tier_high), self.tier_ms, 0.0)
+        return self.tier_ms if self.tier_low < tokens <= self.tier_high else 0.0
 
     def experts_ms(self, tokens: int | float) -> float:
         """The routed experts ``tokens`` tokens read, ms: ``expert_read_ms L (1 - miss^(T dp))``."""
@@ -242,10 +263,10 @@ class LinearCost:
             compute = self.beta_ms * decode_seqs
             side = np.maximum(memory, compute) if isinstance(memory, np.ndarray) or isinstance(compute, np.ndarray) \
                 else max(memory, compute)
-            return self.tau0_ms + side + self.gamma_ms * prefill_tokens + \
+            return self.tau0_ms + side + self.gamma_ms * prefill_tokens + self.tier_of(decode_seqs + prefill_tokens) + \
                 self.swap_ms_per_block * swap_blocks + self.attention_fs_per_pair * attention_pairs / FS_PER_MS
         base = self.tau0_ms + self.beta_ms * decode_seqs + self.gamma_ms * prefill_tokens + \
-            self.swap_ms_per_block * swap_blocks
+            self.swap_ms_per_block * swap_blocks + self.tier_of(decode_seqs + prefill_tokens)
         if self.expert_read_ms:
             base += self.experts_ms(decode_seqs + prefill_tokens)
         if not (self.kv_read_fs_per_token or self.attention_fs_per_pair):
@@ -264,6 +285,8 @@ class LinearCost:
             ms = self.tau0_ms + self.beta_ms * seqs + self.gamma_ms * tokens + self.swap_ms_per_block * plan.swap_blocks
             if self.expert_read_ms:
                 ms += self.experts_ms(seqs + tokens)
+        if self.tier_ms and self.tier_low < plan.decode_seqs + plan.padded_decode_seqs + tokens <= self.tier_high:
+            ms += self.tier_ms
         if extra_ms:
             ms += extra_ms
         ns = int(ms * 1_000_000 + 0.5)  # clock.step_ns(ms), written out: this runs per plan
