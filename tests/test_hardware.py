@@ -426,6 +426,12 @@ def test_per_step_calibration_recovers_the_gemm_tile_switch(tmp_path):
     device = Device.model_validate(yaml.safe_load(fit.yaml_snippet())["device"])
     assert device.gemm_tier_tokens == (16, 64) and device.gemm_tier_ms == pytest.approx(6.5)
     assert "gemm_tier_ms" not in calibrate([tmp_path / "steps.csv"]).params  # not told: no such cost
+    result = invoke("calibrate", tmp_path / "steps.csv", "--gemm-tier-tokens", "16,64",
+                    "--fit", "tau0_ms,beta_ms,prefill_ms_per_token,gemm_tier_ms")
+    assert result.exit_code == 0, result.stderr
+    assert "gemm_tier_ms" in result.stdout and "gemm_tier_tokens: [16, 64]" in result.stdout
+    bad = invoke("calibrate", tmp_path / "steps.csv", "--gemm-tier-tokens", "64,16")
+    assert bad.exit_code == 2 and "--gemm-tier-tokens 64,16" in bad.stderr
 
 
 def test_the_tile_switch_share_is_a_poisson_window():

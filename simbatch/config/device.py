@@ -114,7 +114,7 @@ class Device(_Model):
         "no switch.")
     gemm_tier_ms: NonNegFloat = Field(
         default=0.0, le=MAX_CONTEXT_COST_MS,
-        description="What a step above gemm_tier_tokens costs more, ms (simbatch calibrate fits it).")
+        description="What a step inside the gemm_tier_tokens window costs more, ms (simbatch calibrate fits it).")
     preset: str | None = Field(
         default=None, description="<model>/<gpu>[/tpN][/epN][/fp8], e.g. llama-3.1-8b/H100-SXM/tp2: the costs "
         "above from public specs (`simbatch presets` lists the names); keys given here override it.")

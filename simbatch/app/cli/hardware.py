@@ -141,6 +141,9 @@ ASYNC_OPT = typer.Option(None, "--async-scheduling/--no-async-scheduling", show_
 HIT_OPT = typer.Option(None, "--prefix-hit-rate", metavar="[FILE=]H",
                        help="The prefix cache's hit rate, 0 to 1 (vllm:prefix_cache_hits / "
                             "vllm:prefix_cache_queries), of every run or of FILE's (repeatable).")
+TIER_OPT = typer.Option(None, "--gemm-tier-tokens", metavar="LOW,HIGH", show_default=False,
+                        help="The GEMM tile switch: steps of LOW < tokens <= HIGH cost gemm_tier_ms more, which is "
+                             "then fitted (16,64 for vLLM's CUTLASS fp8 GEMM on Hopper) [default: the preset's, none].")
 CHECK_OPT = typer.Option(False, "--check", help="Replay each bench file with the fitted device (as simbatch replay "
                                                "does) and print measured beside simulated.")
 SCENARIO_OPT = typer.Option(None, "--scenario", metavar="S.yaml", show_default=False,
@@ -173,8 +176,8 @@ def _hit_rates(items: list[str], files: list[Path]) -> dict:
 @reports_bad_input
 def calibrate(files: list[Path] = FILES_ARG, out: Path = SNIPPET_OPT, preset: str = PRESET_OPT,
               fit_only: str = FIT_OPT, frontend_ms: float = FRONTEND_OPT, async_scheduling: bool = ASYNC_OPT,
-              prefix_hit_rate: list[str] = HIT_OPT, check: bool = CHECK_OPT, scenario: Path = SCENARIO_OPT,
-              sets: list[str] = SET_OPT) -> None:
+              prefix_hit_rate: list[str] = HIT_OPT, gemm_tier_tokens: str = TIER_OPT, check: bool = CHECK_OPT,
+              scenario: Path = SCENARIO_OPT, sets: list[str] = SET_OPT) -> None:
     """Fit the device costs to measurements of your own server; print the fit, its error per point, a device: snippet.
 
     Per-step timings are fitted exactly (non-negative least squares); vllm bench serve results by a
@@ -197,16 +200,26 @@ def calibrate(files: list[Path] = FILES_ARG, out: Path = SNIPPET_OPT, preset: st
         raise BadInput(f"--frontend-ms {frontend_ms}: expected milliseconds from 0 to 10,000, e.g. --frontend-ms 3")
     if (scenario is not None or sets) and not check:
         raise BadInput(f"{'--scenario' if scenario is not None else '--set'}: used by --check only; add --check")
+    tier = None
+    if gemm_tier_tokens is not None:
+        try:
+            tier = tuple(int(v) for v in gemm_tier_tokens.split(","))
+        except ValueError:
+            tier = ()
+        if len(tier) != 2 or not 0 < tier[0] < tier[1] <= 1_000_000:
+            raise BadInput(f"--gemm-tier-tokens {printable(gemm_tier_tokens)}: expected LOW,HIGH token counts with "
+                           "0 < LOW < HIGH, e.g. --gemm-tier-tokens 16,64")
     start = None
     if preset is not None:
         try:
             device = resolve_device(Device(preset=preset))
         except ValidationError as exc:
             raise BadInput(f"--preset: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
-        start = {k: getattr(device, k) for k in PARAMS}
+        start = {k: getattr(device, k) for k in PARAMS} | \
+            ({"gemm_tier_tokens": device.gemm_tier_tokens} if device.gemm_tier_tokens else {})
     try:
         result = run_fit(files, None if fit_only is None else [p.strip() for p in fit_only.split(",")], start,
-                         frontend_ms, async_scheduling, _hit_rates(prefix_hit_rate or [], files))
+                         frontend_ms, async_scheduling, _hit_rates(prefix_hit_rate or [], files), tier)
     except CalibrationError as exc:
         raise BadInput(str(exc)) from None
     for k, v in result.params.items():
