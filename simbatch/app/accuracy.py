@@ -55,7 +55,8 @@ class Case:
     ``scenario``: the server as a scenario (no workload: the requests are built by :meth:`workload`).
     ``requests``: (send s, prompt tokens, output tokens) per request when the run recorded them, else
     ``num_prompts`` ShareGPT pairs are drawn and sent at ``rate`` (inf: all at once). ``warm``: the rate
-    of a previous run of the same prompts on the same server, whose prefix cache they then find warm.
+    of a previous run of the same prompts on the same server, whose prefix cache they then find warm;
+    ``warm_prompts``: how many of the leading prompts it sent (None: all; a warm-up sends a few).
     ``group``/``half``: the server whose other runs calibrate this one, and which half it is in.
     """
 
@@ -69,6 +70,7 @@ class Case:
     num_prompts: int = 0
     rate: float = math.inf
     warm: float | None = None
+    warm_prompts: int | None = None
     itl_percentiles: dict[str, float] = field(default_factory=dict)  # the run's median/p95/p99 ITL, for calibrate
     half: int = -1
     client_side: bool = True  # the metrics are the client's (vllm bench serve), not the server's timestamps
@@ -98,11 +100,12 @@ class Case:
         stream = np.arange(self.num_prompts)
         if self.warm is None:
             return _arrays(send, prompt, output, stream), 0, 0.0
-        # The same prompts sent before, at the previous rate: the server was idle in between.
-        before = bench_send_times(self.num_prompts, self.warm, rng)
+        # The same prompts (or the leading few) sent before, at the previous rate: the server was idle in between.
+        n = self.num_prompts if self.warm_prompts is None else self.warm_prompts
+        before = bench_send_times(n, self.warm, rng)
         start = before[-1] + 60.0
-        return _arrays(np.concatenate([before, start + send]), np.tile(prompt, 2), np.tile(output, 2),
-                       np.tile(stream, 2)), self.num_prompts, float(start)
+        return _arrays(np.concatenate([before, start + send]), np.concatenate([prompt[:n], prompt]),
+                       np.concatenate([output[:n], output]), np.concatenate([stream[:n], stream])), n, float(start)
 
 
 def _arrays(send, prompt, output, stream) -> WorkloadArrays:
@@ -172,19 +175,22 @@ def _h200_sweep() -> list[Case]:
     # The split, fixed before any error was seen: the rates in order, alternating, so each half spans the
     # sweep; the first run (0.5/s) is the only cold one, so the half holding it (half 0: 0.5, 1, 1.5, 2.5)
     # is the one that measures every cost and the claim is the other half predicted from it.
-    cases, previous = [], None
+    # Before the sweep a warm-up (its warmup.log: vllm bench serve, the same dataset and seed 0, 10
+    # prompts at 0.5/s) sent the first 10 of the same 300: even the first run found those cached.
+    cases, previous, warm_prompts = [], 0.5, 10
     for i, row in enumerate(rows.sort_values("request_rate").itertuples()):
         measured = {k: float(getattr(row, k)) for k in METRICS}
         cases.append(Case(
             f"H200 70B fp8 @ {row.request_rate:g}/s", "h200", "vLLM 0.14.1, 1x H200, Llama-3.1-70B-Instruct-FP8, "
             "fp8 KV cache, max_num_batched_tokens 8192, prefix caching, async scheduling",
             "DO-Solutions/gtc-2026-doks @ c70febac (simbatch/data/measured/serving)", scenario, measured,
-            num_prompts=int(row.num_prompts), rate=float(row.request_rate), warm=previous, half=i % 2,
+            num_prompts=int(row.num_prompts), rate=float(row.request_rate), warm=previous, warm_prompts=warm_prompts, half=i % 2,
             itl_percentiles={k: float(getattr(row, k)) for k in ("median_itl_ms", "p95_itl_ms", "p99_itl_ms")},
             note=f"the same {int(row.num_prompts)} prompts were sent at every rate to one running server, so from "
             "the second rate on they found their prefixes cached: each of those runs is simulated after a pass of "
             "the same prompts at the previous rate (only its own pass measured), and calibrated with the hit rate "
-            "that leaves (every full block before a prompt's last token). The split: the rates in order, "
+            "that leaves (every full block before a prompt's last token); the first run after a warm-up that "
+            "sent its first 10 prompts. The split: the rates in order, "
             "alternating (0.5, 1, 1.5, 2.5 against 0.75, 1.25, 2, 3), fixed before any error was computed. Only the "
             "first run, 0.5/s, prefilled whole prompts, so only the half holding it measures the prefill cost: "
             "that half calibrates, the other is predicted, and that is the held-out claim (rows 0.75, 1.25, 2, 3). "
@@ -193,7 +199,7 @@ def _h200_sweep() -> list[Case]:
             "whose wider tile for 16 < tokens <= 64 shows in the ITL percentiles (p95/p99 ITL 27-28 ms against a "
             "21 ms median from 1.5/s on): the scenario names the window (device.gemm_tier_tokens [16, 64]) and "
             "calibrate fits its cost, gemm_tier_ms, about 7 ms"))
-        previous = float(row.request_rate)
+        previous, warm_prompts = float(row.request_rate), None
     return cases
 
 
@@ -333,14 +339,16 @@ def bench_json(case: Case) -> dict:
 
 def warm_hit_rate(case: Case) -> float:
     """The share of the measured prompts' tokens the prefix cache holds when they arrive: 0 for a cold
-    run; for a run that re-sent the previous run's prompts, every full block before each prompt's last
-    token (vLLM computes a prompt's last token whatever the cache holds), as the simulation finds them."""
+    run; for a run that re-sent the previous run's prompts (or the leading ``warm_prompts`` of them),
+    every full block before each of those prompts' last token (vLLM computes a prompt's last token
+    whatever the cache holds), as the simulation finds them."""
     if case.warm is None or not case.resolved().kv_cache.enable_prefix_caching:
         return 0.0
     arrays, first, _ = case.workload()
     prompt = arrays.prompt_tokens[first:]
+    sent = prompt[:first]
     block = case.resolved().kv_cache.block_size
-    return float((block * ((prompt - 1) // block)).sum() / prompt.sum())
+    return float((block * ((sent - 1) // block)).sum() / prompt.sum())
 
 
 def calibrated_device(case: Case, group: list[Case]) -> dict | None:
