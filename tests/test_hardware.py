@@ -174,34 +174,81 @@ def test_a_preset_is_the_physics_over_the_fitted_efficiencies():
 
 
 def test_a_card_measured_with_vllms_kernels_replaces_the_fitted_fractions():
-    """The RTX 4090's card carries the fractions of its peaks vLLM 0.19's kernels reach on it (a profile of
-    one decoder layer's modules, shipped), where the datacenter cards' fit says far less: they are what
-    the profile gives, and they replace the fitted ones for that card only (the matrix multiplies' for
-    bf16 weights only: the profile is of bf16)."""
+    """The RTX 4090's and the RTX PRO 6000's cards carry the fractions of their peaks vLLM 0.19's kernels
+    reach on them (a profile of one decoder layer's modules on each, shipped), in place of what the
+    datacenter cards' fit says: they are what each profile gives, and they replace the fitted ones for
+    that card only (the matrix multiplies' for bf16 weights only, the KV reads' for a bf16 cache only:
+    the profiles are of bf16)."""
     eff, _ = fitted()
-    card = shipped()[0]["RTX-4090"]
-    given = card.measured_efficiency.given()
-    profiled = measured.layer_profile_fractions("RTX-4090")
-    assert set(given) == set(profiled) == {"gddr_weights_bandwidth", "linear_flops"}
-    for name, value in profiled.items():
-        assert given[name] == pytest.approx(value, abs=5e-5), name
-    # The weights stream at about 90 % of the peak; a prompt token's multiplies at about 92 % of 165.2.
-    assert 0.88 < given["gddr_weights_bandwidth"] < 0.93 and 0.9 < given["linear_flops"] < 0.95
-    assert given["gddr_weights_bandwidth"] > eff.gddr_weights_bandwidth and given["linear_flops"] > eff.linear_flops
-    u = parse("llama-3.1-8b/RTX-4090").unit_seconds()
-    ms = parse("llama-3.1-8b/RTX-4090").device_ms(eff)
-    assert ms["weights_ms"] == pytest.approx(1e3 * u["W"] / given["gddr_weights_bandwidth"])
-    assert ms["prefill_ms_per_token"] == pytest.approx(1e3 * u["LIN"] / given["linear_flops"])
-    assert ms["beta_ms"] == pytest.approx(1e3 * u["DEC"] / eff.decode_flops)  # not measured: the fit's
-    fp8_u, fp8 = parse("llama-3.1-8b/RTX-4090/fp8").unit_seconds(), parse("llama-3.1-8b/RTX-4090/fp8").device_ms(eff)
-    assert fp8["prefill_ms_per_token"] == pytest.approx(1e3 * fp8_u["LIN"] / eff.linear_flops)
-    assert fp8["weights_ms"] == pytest.approx(1e3 * fp8_u["W"] / given["gddr_weights_bandwidth"])
+    gpus = shipped()[0]
+    # What each profile gives: the weights' stream, a prompt token's multiplies, decode attention's KV reads.
+    expected = {"RTX-4090": {"gddr_weights_bandwidth": (0.88, 0.93), "linear_flops": (0.9, 0.95),
+                             "kv_bandwidth": (0.88, 0.93)},
+                "RTX-PRO-6000": {"gddr_weights_bandwidth": (0.78, 0.83), "linear_flops": (0.7, 0.75),
+                                 "kv_bandwidth": (0.78, 0.83)}}
+    assert set(measured.LAYER_PROFILES) == set(expected)
+    for gpu, bounds in expected.items():
+        given = gpus[gpu].measured_efficiency.given()
+        profiled = measured.layer_profile_fractions(gpu)
+        assert set(given) == set(profiled) == set(bounds), gpu
+        for name, value in profiled.items():
+            assert given[name] == pytest.approx(value, abs=5e-5), (gpu, name)
+            assert bounds[name][0] < value < bounds[name][1], (gpu, name, value)
+        # Both cards' KV reads come in below the fit's (H100 kernels, HBM): GDDR streams a cache slower.
+        assert given["kv_bandwidth"] < eff.kv_bandwidth
+        preset = f"llama-3.1-8b/{gpu}"
+        u, ms = parse(preset).unit_seconds(), parse(preset).device_ms(eff)
+        assert ms["weights_ms"] == pytest.approx(1e3 * u["W"] / given["gddr_weights_bandwidth"])
+        assert ms["prefill_ms_per_token"] == pytest.approx(1e3 * u["LIN"] / given["linear_flops"])
+        assert ms["kv_read_ms_per_1k_tokens"] == pytest.approx(1e6 * u["KV"] / given["kv_bandwidth"])
+        assert ms["beta_ms"] == pytest.approx(1e3 * u["DEC"] / eff.decode_flops)  # not measured: the fit's
+        fp8_u, fp8 = parse(f"{preset}/fp8").unit_seconds(), parse(f"{preset}/fp8").device_ms(eff)
+        assert fp8["prefill_ms_per_token"] == pytest.approx(1e3 * fp8_u["LIN"] / eff.linear_flops)
+        assert fp8["weights_ms"] == pytest.approx(1e3 * fp8_u["W"] / given["gddr_weights_bandwidth"])
+        kv8 = parse(preset, kv_dtype="fp8")
+        assert kv8.device_ms(eff)["kv_read_ms_per_1k_tokens"] == pytest.approx(1e6 * kv8.unit_seconds()["KV"]
+                                                                               / eff.kv_bandwidth)
     # Every other shipped card has none, and a card's fraction is bounded.
-    assert [g.name for g in shipped()[0].values() if g.measured_efficiency.given()] == ["RTX-4090"]
+    assert sorted(g.name for g in gpus.values() if g.measured_efficiency.given()) == sorted(expected)
+    card = gpus["RTX-4090"]
     with pytest.raises(ValidationError, match="linear_flops"):
         GpuCard(**{**card.model_dump(), "measured_efficiency": {"linear_flops": 2.0}})
     with pytest.raises(ValidationError, match="decode_flops"):
         GpuCard(**{**card.model_dump(), "measured_efficiency": {"decode_flops": 0.5}})
+
+
+def test_the_rtx_pro_6000s_interconnect_is_a_measured_all_reduce_over_pcie():
+    """No NVLink: the card's all-reduce bandwidth is NCCL's measured ring bus bandwidth over PCIe Gen5
+    (about 46.5 GB/s), not the link's 128 GB/s both ways; with the law's fixed latency per all-reduce
+    that gives the measured times at the sizes inference sends (1 MiB: 81 us, 4 MiB: 182 us on 8 GPUs,
+    voipmonitor/rtx6kpro) 13 % and 15 % high."""
+    eff, _ = fitted()
+    card = shipped()[0]["RTX-PRO-6000"]
+    assert card.interconnect_gb_s == 46.5 and "voipmonitor/rtx6kpro" in card.source
+    for size_mb, measured_us in ((1, 81.08), (4, 182.49)):
+        ring_bytes = 2 * 7 / 8 * size_mb * 2**20  # what an 8-GPU ring moves through each GPU's link
+        law_us = eff.allreduce_us + 1e6 * ring_bytes / (card.interconnect_gb_s * 1e9)
+        assert measured_us < law_us < 1.16 * measured_us, size_mb
+    # A Qwen3-32B TP2 token's all-reduce traffic now costs its measured bandwidth.
+    u = parse("qwen3-32b/RTX-PRO-6000/tp2").unit_seconds()
+    assert u["COMM"] == pytest.approx(2 * 64 * 5120 * 2 / 46.5e9)
+
+
+def test_the_rtx_pro_6000s_moe_block_costs_what_its_profile_measured():
+    """Qwen3-30B-A3B's MoE block (router and fused experts) timed by vLLM 0.19 on an RTX PRO 6000 (the
+    shipped profile, 128 experts on one GPU): at decode batches (8-64 tokens) of 64 or 128 distinct
+    experts, the preset's expert reads (the weights' measured stream) come within 4 % of it; from 256
+    tokens on the block's multiplies add to the reads."""
+    eff, _ = fitted()
+    d = parse("qwen3-30b-a3b/RTX-PRO-6000")
+    per_expert_us = 1e3 * d.device_ms(eff)["moe"]["expert_read_ms"] / d.model.moe_layers
+    assert per_expert_us == pytest.approx(1e6 * 3 * 2048 * 768 * 2 / (1792e9 * 0.8078), rel=1e-3)
+    moe = pd.read_csv(measured.DATA / "llmservingsim_rtxpro6000_qwen3_30b_a3b_moe.csv")
+    decode = moe[moe.tokens.between(8, 64) & (moe.activated_experts >= 64)]
+    ratio = decode.time_us / (decode.activated_experts * per_expert_us)
+    assert len(decode) == 7 and ratio.between(0.97, 1.04).all()
+    big = moe[(moe.tokens >= 256) & (moe.activated_experts == 64)]
+    assert (big.time_us > 1.1 * 64 * per_expert_us).all()
 
 
 def test_a_moe_reads_the_experts_its_tokens_choose():

@@ -38,6 +38,9 @@ class MeasuredEfficiency(_Card):
         description="The weights' stream at decode, of memory_bandwidth_gb_s (an HBM card).")
     gddr_weights_bandwidth: float | None = Field(default=None, gt=0, le=1.25,
         description="The weights' stream at decode, of memory_bandwidth_gb_s (a GDDR card).")
+    kv_bandwidth: float | None = Field(default=None, gt=0, le=1.25,
+        description="Decode attention's reads of the KV cache, of memory_bandwidth_gb_s; a bf16 cache only "
+        "(an fp8 cache keeps the fitted fraction).")
 
     def given(self) -> dict[str, float]:
         """The fractions the card gives, by efficiency name."""
@@ -78,7 +81,8 @@ class GpuCard(_Card):
         description="Fractions of this GPU's peaks measured on it with vLLM's own kernels, in place of "
         "the ones fitted to other GPUs (simbatch/data/hardware_efficiency.yaml): linear_flops (prefill "
         "matrix multiplies, of bf16_tflops), weights_bandwidth or gddr_weights_bandwidth (the weights' "
-        "stream, of memory_bandwidth_gb_s); the source must say where they were measured.")
+        "stream, of memory_bandwidth_gb_s), kv_bandwidth (decode attention's KV reads, of "
+        "memory_bandwidth_gb_s); the source must say where they were measured.")
     source: str = Field(default="", description="Where the numbers come from.")
 
     @model_validator(mode="after")

@@ -246,11 +246,15 @@ def fitted_ms(rows: pd.DataFrame) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- one GPU's own kernels
-LAYER_PROFILES = {"RTX-4090": ("llama-3.1-8b", "llmservingsim_rtx4090_llama31_8b")}
+LAYER_PROFILES = {"RTX-4090": ("llama-3.1-8b", "llmservingsim_rtx4090_llama31_8b"),
+                  "RTX-PRO-6000": ("llama-3.1-8b", "llmservingsim_rtxpro6000_llama31_8b")}
 """GPUs whose card carries ``measured_efficiency``: the model profiled on it, and the profile's files
-(``<stem>_dense.csv``, ``<stem>_per_sequence.csv``: vLLM's modules timed one by one, one decoder layer)."""
+(``<stem>_dense.csv``, ``<stem>_per_sequence.csv``, ``<stem>_attention_decode.csv``: vLLM's modules timed
+one by one, one decoder layer)."""
 _GEMMS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 _PER_TOKEN = {"act_fn": 1, "layernorm": 2, "rotary_emb": 1}  # a decoder layer runs two RMSNorms
+KV_BOUND_TOKENS = 65_536
+"""Decode attention reading at least this many KV tokens (64 sequences of 1k) is bound by the KV's stream."""
 
 
 def layer_profile_fractions(gpu: str, folder: Path = DATA) -> dict[str, float]:
@@ -259,7 +263,10 @@ def layer_profile_fractions(gpu: str, folder: Path = DATA) -> dict[str, float]:
     (:meth:`Deployment.unit_seconds`): the weights' stream is the layers' four matrix multiplies and
     the output head at 1-16 tokens, where they are bound by memory (the median of those rows), over the
     weights a step streams; a prompt token's matrix multiplies, norms and activations are the median
-    time per token from 1024 tokens on, where the multiplies are bound by compute, over its FLOPs."""
+    time per token from 1024 tokens on, where the multiplies are bound by compute, over its FLOPs; the
+    KV's stream is decode attention's time where it reads at least :data:`KV_BOUND_TOKENS` KV tokens
+    (the median of those rows, each batch of ``n_decode`` sequences of ``kv_decode`` tokens), over the
+    bf16 KV those tokens hold in one layer."""
     model, stem = LAYER_PROFILES[gpu]
     d = _deployment(model, gpu)
     u, layers = d.unit_seconds(), d.model.layers
@@ -268,5 +275,10 @@ def layer_profile_fractions(gpu: str, folder: Path = DATA) -> dict[str, float]:
     stream_us = layers * dense.loc[1:16, list(_GEMMS)].sum(axis=1).median() + head.loc[1:16].median()
     per_token = dense[list(_GEMMS)].sum(axis=1) + sum(n * dense[k] for k, n in _PER_TOKEN.items())
     token_us = layers * (per_token / per_token.index).loc[1024:].median()
+    attn = pd.read_csv(folder / f"{stem}_attention_decode.csv").query("prefill_chunk == 0 and kv_prefill == 0")
+    kv_tokens = attn.n_decode * attn.kv_decode
+    bound = kv_tokens >= KV_BOUND_TOKENS
+    kv_s_per_token = u["KV"] / d.model.full_attention_layers
     weights = "gddr_weights_bandwidth" if d.gpu.memory_kind == "gddr" else "weights_bandwidth"
-    return {weights: u["W"] / (stream_us * 1e-6), "linear_flops": u["LIN"] / (token_us * 1e-6)}
+    return {weights: u["W"] / (stream_us * 1e-6), "linear_flops": u["LIN"] / (token_us * 1e-6),
+            "kv_bandwidth": float((kv_tokens[bound] * kv_s_per_token / (attn.time_us[bound] * 1e-6)).median())}

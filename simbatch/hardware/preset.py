@@ -225,10 +225,12 @@ class Deployment:
         stream, under the decode roofline), beta_ms, prefill_ms_per_token, ..., and for a MoE ``moe`` (a dict
         of :class:`~simbatch.config.MoE`'s keys). ``eff`` gives way to what the GPU's card measured on it
         (``measured_efficiency``: the fractions vLLM's kernels reach on that GPU), a bf16 measurement of the
-        matrix multiplies to bf16 weights only."""
+        matrix multiplies to bf16 weights only, and of the KV reads to a bf16 cache only."""
         measured = self.gpu.measured_efficiency.given()
         if self.fp8:
             measured.pop("linear_flops", None)
+        if self.kv_dtype != "bf16":
+            measured.pop("kv_bandwidth", None)
         eff = replace(eff, **measured)
         u = self.unit_seconds()
         weights = "GW" if self.gpu.memory_kind == "gddr" else "W"
