@@ -125,6 +125,9 @@ from simbatch.workload import WorkloadArrays
 def requests_frame(wl: WorkloadArrays, rec: Recorder) -> pd.DataFrame:
     arrived = rec.arrived
     idx = np.flatnonzero(arrived)
+    # The recorder's own columns as they are when every request arrived (they are written no more, and
+    # copies would stand beside them: at a million requests ~45 MB); the workload's are copied.
+    own = (lambda column: column) if len(idx) == len(arrived) else (lambda column: column[idx])
     arrival = wl.arrival_s[idx]
     # With a client, a request reaches the server when it is sent, not when it was meant to arrive.
     sent = rec.sent_s[idx]
@@ -148,19 +151,19 @@ def requests_frame(wl: WorkloadArrays, rec: Recorder) -> pd.DataFrame:
     # of copying them all into one 2-D block per dtype: at 1M requests, ~0.1 s and a copy of the frame.
     frame = pd.DataFrame({
         "request_id": idx,
-        "replica": rec.replica[idx],
+        "replica": own(rec.replica),
         "tenant": pd.Categorical.from_codes(wl.tenant[idx], categories=list(wl.tenant_names)),
         "priority": wl.priority[idx],
         "session": wl.session[idx],
         "arrival_s": arrival,
-        "first_scheduled_s": rec.first_scheduled_s[idx],
+        "first_scheduled_s": own(rec.first_scheduled_s),
         "first_token_s": first_token,
         "finish_s": finish,
         "prompt_tokens": wl.prompt_tokens[idx],
         "output_tokens": output,
-        "generated_tokens": rec.generated_tokens[idx],
-        "num_preemptions": rec.num_preemptions[idx],
-        "num_cached_tokens": rec.num_cached_tokens[idx],
+        "generated_tokens": own(rec.generated_tokens),
+        "num_preemptions": own(rec.num_preemptions),
+        "num_cached_tokens": own(rec.num_cached_tokens),
         "status": pd.Categorical.from_codes(rec.status[idx], categories=list(OUTCOMES)),
         # Through a Series: the same column as numpy's ``astype(str)``, several times faster.
         "reason": pd.Series(rec.reason[idx]).astype(str),
@@ -168,8 +171,8 @@ def requests_frame(wl: WorkloadArrays, rec: Recorder) -> pd.DataFrame:
         "tpot_s": tpot,
         "e2e_s": e2e,
         "queue_s": rec.first_scheduled_s[idx] - (arrival + request_latency_s if request_latency_s else arrival),
-        "waiting_s": rec.waiting_s[idx],
-        "client_wait_s": rec.client_wait_s[idx],
+        "waiting_s": own(rec.waiting_s),
+        "client_wait_s": own(rec.client_wait_s),
     }, copy=False)
     at = frame.columns.get_loc("num_cached_tokens") + 1
     for offset, (name, column) in enumerate(rec.columns.items()):  # the features' (simbatch.features)
@@ -223,7 +226,7 @@ def summarize(scenario: Scenario, requests: pd.DataFrame, iterations: pd.DataFra
     # Compared as a categorical Series: a look-up of codes, not a million string comparisons.
     finished = (requests["status"] == OUTCOMES[Outcome.FINISHED]).to_numpy()
     rejected = (requests["status"] == OUTCOMES[Outcome.REJECTED]).to_numpy()
-    done, admitted = requests[finished], requests[~rejected]
+    done, admitted = _Selected(requests, finished), _Selected(requests, ~rejected)
     n_done = len(done)
     out: dict[str, float | int] = {
         "duration": duration,
@@ -287,6 +290,23 @@ def summarize(scenario: Scenario, requests: pd.DataFrame, iterations: pd.DataFra
     return out
 
 
+class _Selected:
+    """The rows of ``frame`` where ``mask`` holds, a column at a time: ``selected[column]`` is
+    ``frame[mask][column]``, without copying the whole frame to read a few columns (at a million
+    requests each copy of the requests frame is ~180 MB)."""
+
+    __slots__ = ("_frame", "_mask", "_len")
+
+    def __init__(self, frame: pd.DataFrame, mask: np.ndarray):
+        self._frame, self._mask, self._len = frame, mask, int(mask.sum())
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, column: str) -> pd.Series:
+        return self._frame[column][self._mask]
+
+
 def engine_stats(scenario: Scenario, iterations: pd.DataFrame, end_s: float, replicas: range) -> dict[str, float]:
     """``busy_fraction``, ``num_steps``, ``mean_batch_size`` and ``mean_kv_usage`` over ``replicas``."""
     duration = end_s
@@ -302,7 +322,7 @@ def engine_stats(scenario: Scenario, iterations: pd.DataFrame, end_s: float, rep
     }
 
 
-def pool_summary(scenario: Scenario, done: pd.DataFrame, iterations: pd.DataFrame, end_s: float) -> dict[str, float]:
+def pool_summary(scenario: Scenario, done: _Selected, iterations: pd.DataFrame, end_s: float) -> dict[str, float]:
     """Disaggregated prefill and decode: each pool's engine keys, prefixed ``prefill_`` / ``decode_``,
     what each pool computes per second (``prefill_token_throughput``: prompt tokens prefilled,
     recomputes included; ``decode_token_throughput``: decode tokens), and the hand-over's two waits

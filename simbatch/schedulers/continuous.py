@@ -132,7 +132,9 @@ class ContinuousScheduler(BaseScheduler):
         self._done_held: list[Request] = []
         self._stepping = False
         if not self.async_scheduling:
-            self.schedule = self._plan  # what schedule comes down to, without a call per plan in between
+            # What schedule and add come down to, without a call per plan and per arrival in between.
+            self.schedule = self._plan
+            self.add = super().add
 
     # ---------------------------------------------------------------- the engine's cadence
     def add(self, req: Request, now: float) -> None:
@@ -204,7 +206,7 @@ class ContinuousScheduler(BaseScheduler):
                     n = self._chunk(req)
                     if n and self._reserve(req, n, now, plan):
                         self._take(req, n)
-        if admit and not plan.preempted:
+        if admit and not plan.preempted and len(self.waiting):
             self._admit_waiting(now, plan)
 
         if not self._assemble(plan):
@@ -365,11 +367,11 @@ class ContinuousScheduler(BaseScheduler):
                 continue
             # A request with nothing computed may start from tokens a feature has (prefix caching's hits).
             cached = cache.lookup(req) if cache is not None and not req.num_computed_tokens and \
-                not req.swapped_blocks else 0
+                not req.host_block_ids else 0
             n = self._chunk(req, cached)
             if n == 0 or full or not (
                     cache.take_cached(req, n) if cached else
-                    blocks_for(req.num_computed_tokens + n, kv.block_size) <= kv.device.num_free):
+                    -(-(req.num_computed_tokens + n) // kv.block_size) <= kv.device.num_free):  # blocks_for
                 if n and self.evicts_at_admission and self._evict_for(req, now, plan):
                     continue
                 if self.head_of_line_blocking or full or not kv.device.num_free:
@@ -379,7 +381,7 @@ class ContinuousScheduler(BaseScheduler):
                 passed_over.append(waiting.pop())
                 continue
             waiting.pop()
-            if req.swapped_blocks:
+            if req.host_block_ids:  # swapped out
                 plan.swap_blocks += req.swapped_blocks
                 # Cannot fail: the swapped blocks hold its computed tokens, fewer than the check counted.
                 swapped_in = kv.swap_in(req)
@@ -389,7 +391,8 @@ class ContinuousScheduler(BaseScheduler):
             if req.prefill_pending:
                 self._prefilling[req] = None
             plan.admit(req)
-            self._take(req, n)
+            self._sched[req] = n  # _take, written out: per admission
+            self._budget -= n
             for hook in self._admitted:
                 hook(req)
         if passed_over:

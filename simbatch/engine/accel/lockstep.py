@@ -112,6 +112,7 @@ class LockstepScheduler(ContinuousScheduler):
         self._waiting_at_plan = 0
         # The lockstep group (module docstring).
         self._group: dict[Request, int] = {}  # member -> the clock when it joined
+        self._members: tuple[Request, ...] | None = ()  # the group's members in order (None: to be made again)
         # Sum over members of (computed tokens - clock) at joining: the group's cached context at
         # clock t is this plus len(group) * t, since each member computes one token a step.
         self._group_context = 0
@@ -131,6 +132,24 @@ class LockstepScheduler(ContinuousScheduler):
 
     # ---------------------------------------------------------------- planning
     def _plan(self, now: float, admit: bool = True) -> StepPlan | Idle:
+        group, kv, running = self._group, self.kv, self.running
+        if self.repeatable and not self._delivered and len(running) > len(group) + len(self._prefilling):
+            self._join_sampled(self._lone_decodes())
+        if group and len(running) == len(group) and self.repeatable and not len(self.waiting) \
+                and not self._delivered:
+            # Most plans: every running request a member, nobody waiting. The model's rules come down to
+            # the group's decodes, when the blocks its members cross into are free (else it goes one by one).
+            n = self._phase[self.clock % kv.block_size]
+            if not n or kv.take_bulk(n):
+                self._group_reserved = self._granted_all = True
+                size = len(group)
+                self._budget = self.token_budget - size
+                self._sched = {}
+                self._members_planned = size
+                device = kv.device
+                self._plan_used = device.num_blocks - device.num_free
+                return StepPlan(decodes=self._members or self._members_now(), decode_seqs=size,
+                                kv_tokens=self._group_context + size * self.clock)
         self._group_reserved = False
         plan = super()._plan(now, admit)
         if plan is not IDLE:
@@ -142,29 +161,10 @@ class LockstepScheduler(ContinuousScheduler):
         if not self.repeatable:  # a feature's steps are never alike (speculative decoding): the model's rules
             super()._schedule_decodes(now, plan)
             return
-        group, running = self._group, self.running
-        lone = []
-        num_lone = len(running) - len(group) - len(self._prefilling)
-        if num_lone > 0:
-            # The decodes out of the group, in running (admission) order. Most are those the last step
-            # applied one by one (a prefill that caught up, a decode that went alone): when as many of
-            # those decode here out of the group as there are such decodes, they are all of them, found
-            # without a pass over the running set.
-            lone = [r for r in self._applied_alone if r.status is RUNNING and not r.prefill_pending
-                    and r.lockstep is None]
-            if len(lone) != num_lone:
-                lone = [r for r in running if not r.prefill_pending and r not in group]
-            elif num_lone > 1:
-                lone.sort(key=_admission_order)
-        if lone:
-            # Those that sampled a token in the last step decode in lockstep from here on; the others
-            # (a first decode after a stall) go one step alone, their token's gap recorded as a pause.
-            last = self.clock - 1
-            for req in lone:
-                if req.last_token_step == last:
-                    self._join(req)
-            if group:
-                lone = [r for r in lone if r.lockstep is None]
+        group = self._group
+        lone = self._lone_decodes() if len(self.running) > len(group) + len(self._prefilling) else ()
+        if lone and self._join_sampled(lone):
+            lone = [r for r in lone if r.lockstep is None]
         if not lone:  # the group alone (as _reserve_decodes would take it: this is most plans)
             n = self._phase[self.clock % self.kv.block_size]
             if not n or self.kv.take_bulk(n):
@@ -175,6 +175,33 @@ class LockstepScheduler(ContinuousScheduler):
             return
         self._reserve_decodes_one_by_one(lone, now, plan)
 
+    def _lone_decodes(self) -> list[Request]:
+        """The decodes out of the group, in running (admission) order. Most are those the last step
+        applied one by one (a prefill that caught up, a decode that went alone): when as many of those
+        decode out of the group as there are such decodes, they are all of them, found without a pass
+        over the running set."""
+        group = self._group
+        num_lone = len(self.running) - len(group) - len(self._prefilling)
+        lone = [r for r in self._applied_alone if r.status is RUNNING and not r.prefill_pending
+                and r.lockstep is None]
+        if len(lone) != num_lone:
+            lone = [r for r in self.running if not r.prefill_pending and r not in group]
+        elif num_lone > 1:
+            lone.sort(key=_admission_order)
+        return lone
+
+    def _join_sampled(self, lone: list[Request]) -> bool:
+        """Of the ``lone`` decodes, those that sampled a token in the last step decode in lockstep from
+        here on (the others, a first decode after a stall, go one step alone, their token's gap recorded
+        as a pause); whether any joined. Done as a plan begins, and again for the requests a transfer
+        delivered (they join the running set within the plan)."""
+        last, joined = self.clock - 1, False
+        for req in lone:
+            if req.last_token_step == last:
+                self._join(req)
+                joined = True
+        return joined
+
     def _assemble(self, plan: StepPlan) -> bool:
         """The model's plan of the requests scheduled one by one, with the group's members first."""
         scheduled = bool(self._sched) and super()._assemble(plan)
@@ -182,12 +209,17 @@ class LockstepScheduler(ContinuousScheduler):
         if not (self._group_reserved and group):
             self._members_planned = 0
             return scheduled
-        members = tuple(group)
+        members = self._members or self._members_now()
         plan.decodes = (*members, *plan.decodes) if scheduled else members
         plan.decode_seqs += len(members)
         plan.kv_tokens += self._group_context + len(members) * self.clock
         self._members_planned = len(members)
         return True
+
+    def _members_now(self) -> tuple[Request, ...]:
+        """The members in order, kept until one joins or leaves (most plans are of the same group)."""
+        self._members = tuple(self._group)
+        return self._members
 
     def _preempt(self, victim: Request, now: float, plan: StepPlan) -> None:
         if victim in self._group:
@@ -254,6 +286,7 @@ class LockstepScheduler(ContinuousScheduler):
         heapq.heappush(self._done, (clock + req.output_tokens - req.num_generated, req.request_id, req))
         self._group_context += computed - clock
         self._group[req] = clock
+        self._members = None
         req.join_lockstep(self)  # from here its counters read through the clock (steps_since)
 
     def _leave(self, req: Request) -> None:
@@ -271,6 +304,7 @@ class LockstepScheduler(ContinuousScheduler):
             self.kv.assign_bulk(req, own)
         self._group_context -= computed - clock
         del self._group[req]
+        self._members = None
         req.leave_lockstep(clock - joined, self.last_end_s, clock - 1)
 
     def _take_for_group(self, n: int) -> bool:
