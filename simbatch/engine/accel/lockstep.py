@@ -31,7 +31,7 @@ step), never hooks the model keeps for it; the blocks its members take in bulk a
 from __future__ import annotations
 
 import heapq
-from operator import attrgetter, mul
+from operator import attrgetter, itemgetter, mul
 
 from simbatch.config import Scenario
 from simbatch.memory.blocks import blocks_for
@@ -299,7 +299,7 @@ class LockstepScheduler(ContinuousScheduler):
         self._phase[p + bs] -= 1
         del self._phase_members[p][req]
         planned = self._group_reserved and (self._granted_all or req in self._granted)
-        own = blocks_for(computed + planned, bs) - len(req.block_ids)  # blocks taken in bulk for it
+        own = -(-(computed + planned) // bs) - len(req.block_ids)  # blocks_for: those taken in bulk for it
         if own:
             self.kv.assign_bulk(req, own)
         self._group_context -= computed - clock
@@ -422,7 +422,9 @@ class LockstepScheduler(ContinuousScheduler):
         bs, phase, size = self.kv.block_size, self._phase, len(self._group)
         a = (self.clock + 1) % bs
         cycles, rest = divmod(n - 1, bs)
-        total = n * self._plan_used + sum(map(mul, phase[a:a + rest], range(rest, 0, -1)))
+        total = n * self._plan_used
+        if rest:
+            total += sum(map(mul, phase[a:a + rest], _DOWN[rest - 1] if rest <= len(_DOWN) else range(rest, 0, -1)))
         if cycles:
             v = sum(map(mul, phase[a:a + bs], range(bs)))
             total += cycles * ((n - 1) * size - v) - bs * size * cycles * (cycles - 1) // 2
@@ -454,7 +456,7 @@ class LockstepScheduler(ContinuousScheduler):
             self._apply_decodes(alone, end_s, step, outcome)
         if plan.slices:
             self._apply_slices(plan, end_s, step, outcome)
-            alone = [*alone, *(req for req, _ in plan.slices)]
+            alone = [*alone, *map(_first, plan.slices)]
         self._applied_alone = alone
         if self._done and self._done[0][0] <= self.clock:
             self._retire_done(end_s, outcome)
@@ -465,5 +467,8 @@ class LockstepScheduler(ContinuousScheduler):
 
 _prefill_pending, _num_computed_tokens = attrgetter("prefill_pending"), attrgetter("num_computed_tokens")
 _admission_order = attrgetter("admitted_seq")
+_first = itemgetter(0)
+# _DOWN[r - 1] is r, r - 1, ..., 1: the weights of kv_blocks_sum's partial cycle, made once (for the usual block sizes).
+_DOWN = tuple(tuple(range(r, 0, -1)) for r in range(1, 257))
 
 MODES.attach("continuous", twin=LockstepScheduler)
