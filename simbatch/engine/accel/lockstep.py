@@ -135,21 +135,29 @@ class LockstepScheduler(ContinuousScheduler):
         group, kv, running = self._group, self.kv, self.running
         if self.repeatable and not self._delivered and len(running) > len(group) + len(self._prefilling):
             self._join_sampled(self._lone_decodes())
-        if group and len(running) == len(group) and self.repeatable and not len(self.waiting) \
-                and not self._delivered:
-            # Most plans: every running request a member, nobody waiting. The model's rules come down to
-            # the group's decodes, when the blocks its members cross into are free (else it goes one by one).
+        waiting = len(self.waiting)
+        if group and len(running) == len(group) and self.repeatable and not self._delivered and \
+                (not waiting or (admit and not self.evicts_at_admission)):
+            # Most plans: every running request a member. The model's rules come down to the group's
+            # decodes, when the blocks its members cross into are free (else they go one by one), then
+            # admission (which, evicting nobody, leaves the group as it is).
             n = self._phase[self.clock % kv.block_size]
             if not n or kv.take_bulk(n):
                 self._group_reserved = self._granted_all = True
                 size = len(group)
                 self._budget = self.token_budget - size
                 self._sched = {}
-                self._members_planned = size
+                if waiting:
+                    plan = StepPlan()
+                    self._admit_waiting(now, plan)
+                    self._assemble(plan)
+                else:  # (nobody waits: the plan is the group's, as _assemble makes it)
+                    self._members_planned = size
+                    plan = StepPlan(decodes=self._members or self._members_now(), decode_seqs=size,
+                                    kv_tokens=self._group_context + size * self.clock)
                 device = kv.device
                 self._plan_used = device.num_blocks - device.num_free
-                return StepPlan(decodes=self._members or self._members_now(), decode_seqs=size,
-                                kv_tokens=self._group_context + size * self.clock)
+                return plan
         self._group_reserved = False
         plan = super()._plan(now, admit)
         if plan is not IDLE:
