@@ -23,8 +23,10 @@ Speculative decoding declines both: a speculating decode emits a random number o
 so no two steps are alike. Its requests never join the group, every step is planned by the model's
 rules one request at a time, and ``repeatable_steps`` is 1 (a plan without a group).
 
-The twin overrides the model's own steps (rule 1, putting the plan together, preemption, applying a
-step), never hooks the model keeps for it; the blocks its members take in bulk are the KV manager's
+Most plans are of the group alone (every running request a member): the twin makes those itself,
+the group's blocks taken at once and the model's admission rule called as written, and hands the
+others to the model's plan. The twin overrides the model's own steps (rule 1, putting the plan
+together, preemption, applying a step), never hooks the model keeps for it; the blocks its members take in bulk are the KV manager's
 (:meth:`~simbatch.memory.kv.KVCacheManager.take_bulk`) until each member leaves with its own.
 """
 
