@@ -255,8 +255,9 @@ def bench_requests(path: Path) -> pd.DataFrame:
 
 RTXPRO6000 = {"llama31_8b": ("llama-3.1-8b/RTX-PRO-6000", "Llama-3.1-8B bf16", "8B", None),
               "qwen3_32b_tp2": ("qwen3-32b/RTX-PRO-6000/tp2", "Qwen3-32B bf16, TP2", "Qwen3-32B TP2", None),
-              # One engine (scheduler, KV cache) per data-parallel rank; vLLM's front end sends a request
-              # to the rank with the fewest waiting and running ones.
+              # One engine (scheduler, KV cache) per data-parallel rank, the two stepping in lockstep
+              # (simbatch.engine.dp_group); vLLM's front end sends a request to the rank with the fewest
+              # waiting and running ones.
               "qwen3_30b_a3b_dp2_ep": ("qwen3-30b-a3b/RTX-PRO-6000/ep2", "Qwen3-30B-A3B-Instruct-2507 bf16, DP2 "
                                        "with expert parallelism (EP2)", "Qwen3-30B-A3B DP2 EP2",
                                        {"replicas": 2, "router": "least_outstanding"})}

@@ -71,7 +71,8 @@ class MoE(_Model):
         le=MAX_CONTEXT_COST_MS, description="Time to stream one local expert (its slice) through every MoE layer, ms.")
     data_parallel_size: PosInt = Field(default=1, description="Data-parallel attention ranks whose tokens reach "
                                        "each GPU's experts (vLLM --data-parallel-size with --enable-expert-parallel); "
-                                       "the step's tokens count this many times.")
+                                       "the step's tokens count this many times, and this many consecutive replicas "
+                                       "are the ranks of one engine, stepping in lockstep.")
 
     @model_validator(mode="after")
     def _counts(self) -> MoE:

@@ -23,6 +23,7 @@ from simbatch.config import Scenario, replica_scenarios
 from simbatch.engine.autoscale import Autoscaler, ScaledReplica
 from simbatch.engine.client import Client
 from simbatch.engine.disaggregated import Dispatcher
+from simbatch.engine.dp_group import form_groups
 from simbatch.engine.replica import Replica
 from simbatch.engine.router import Load, make_router
 from simbatch.features import feature_classes
@@ -101,6 +102,9 @@ class Engine:
         self.dispatcher = None if scenario.cluster.disaggregated is None else \
             Dispatcher(self.env, scenario, self.replicas, self.recorder, workload, check_invariants)
         self.entry = self.replicas if self.dispatcher is None else self.dispatcher.prefill
+        # The ranks of a data-parallel MoE engine step together (not under an autoscaler or disaggregated).
+        self.dp_groups = form_groups(self.env, self.replicas, self.replica_scenarios) \
+            if self.dispatcher is None and self.autoscaler is None else []
         if self.autoscaler is not None:
             self.entry = self.autoscaler.active  # changed in place as replicas start and drain
         self.on_progress = on_progress

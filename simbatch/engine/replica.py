@@ -54,6 +54,10 @@ def scheduler_for(scenario: Scenario, tenant_names: tuple[str, ...] = ("default"
 class Replica:
     """One engine: a scheduler, its KV cache, its accelerator, and the SimPy process that steps it."""
 
+    # Set on a rank of a data-parallel MoE engine, whose group steps it (simbatch.engine.dp_group), not _run.
+    # (A class default: one attribute more in __init__ would enlarge every replica's attribute dict.)
+    group = None
+
     def __init__(self, env: simpy.Environment, index: int, scenario: Scenario, recorder: Recorder,
                  tenant_names: tuple[str, ...], check_invariants: bool = False,
                  observers: Sequence[Observer] = ()):
@@ -208,6 +212,8 @@ class Replica:
                 o.completion(end_s, outcome.finished)
 
     def _run(self):
+        if self.group is not None:
+            return  # set by the cluster before the run starts
         env, sched, accel, rec, index = self.env, self.scheduler, self.accel, self.recorder, self.index
         # Bound once: this loop runs a few times per request.
         schedule, repeatable_steps, record = sched.schedule, accel.repeatable_steps, rec.record_steps
