@@ -116,25 +116,47 @@ def test_swap_refuses_without_change_when_the_other_pool_is_short():
     assert (r.blocks, r.swapped_blocks, kv.device.num_free, kv.host.num_free) == (0, 3, 2, 1)
 
 
-def test_allocate_together_is_all_or_nothing_and_takes_the_bulk_share_first():
+def test_allocate_together_is_all_or_nothing_and_reserves_the_bulk_share():
     kv = KVCacheManager(KVCache(block_size=4, num_blocks=5))
     a, b = request(0), request(1)
     assert kv.allocate_together([(a, 5), (b, 4)], bulk_blocks=2)
-    assert (kv.bulk, a.block_ids, b.block_ids, kv.device.num_free) == ([0, 1], [2, 3], [4], 0)
+    # Without prefix caching the bulk share is counted out of the free blocks and numbered when assigned.
+    assert (kv.num_bulk, a.block_ids, b.block_ids, kv.device.num_free) == (2, [0, 1], [2], 0)
     c = request(2)
     assert not kv.allocate_together([(c, 1)]) and c.block_ids == ()
 
 
-def test_blocks_taken_in_bulk_are_held_by_the_manager_until_assigned():
+def test_with_prefix_caching_the_bulk_share_is_taken_first_by_number():
+    kv = KVCacheManager(KVCache(block_size=4, num_blocks=5, enable_prefix_caching=True))
+    a, b = request(0), request(1)
+    assert kv.allocate_together([(a, 5), (b, 4)], bulk_blocks=2)
+    assert (list(kv.device.reserved_ids()), list(a.block_ids), list(b.block_ids), kv.device.num_free) == \
+        ([0, 1], [2, 3], [4], 0)
+
+
+def test_blocks_taken_in_bulk_are_held_until_assigned():
     kv = KVCacheManager(KVCache(block_size=4, num_blocks=4))
     a, b = request(0), request(1)
-    assert kv.take_bulk(3) and not kv.take_bulk(2) and kv.bulk == [0, 1, 2]
+    assert kv.take_bulk(3) and not kv.take_bulk(2) and kv.num_bulk == 3
     assert kv.device.num_free == 1
     kv.assign_bulk(a, 2)
     kv.assign_bulk(b, 1)
-    assert (a.block_ids, b.block_ids, kv.bulk) == ([1, 2], [0], [])
+    assert (a.block_ids, b.block_ids, kv.num_bulk) == ([0, 1], [2], 0)
     kv.check_conservation([a, b], [])
-    kv.bulk.append(3)  # taken in bulk for no member: no request counts it
+    assert kv.take_bulk(1)  # taken in bulk for no member: no request counts it
+    with pytest.raises(AssertionError, match="block counts disagree with the blocks held"):
+        kv.check_conservation([a, b], [])
+
+
+def test_with_prefix_caching_blocks_taken_in_bulk_have_their_numbers_at_once():
+    kv = KVCacheManager(KVCache(block_size=4, num_blocks=4, enable_prefix_caching=True))
+    a, b = request(0), request(1)
+    assert kv.take_bulk(3) and not kv.take_bulk(2) and list(kv.device.reserved_ids()) == [0, 1, 2]
+    kv.assign_bulk(a, 2)
+    kv.assign_bulk(b, 1)
+    assert (list(a.block_ids), list(b.block_ids), kv.num_bulk) == ([1, 2], [0], 0)
+    kv.check_conservation([a, b], [])
+    assert kv.take_bulk(1)
     with pytest.raises(AssertionError, match="block counts disagree with the blocks held"):
         kv.check_conservation([a, b], [])
 

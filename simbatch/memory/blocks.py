@@ -33,11 +33,12 @@ class BlockPool:
     ``_freed``, which is handed out from ``_head`` on.
     """
 
-    __slots__ = ("num_blocks", "num_free", "_next_unused", "_freed", "_head")
+    __slots__ = ("num_blocks", "num_free", "num_reserved", "_next_unused", "_freed", "_head")
 
     def __init__(self, num_blocks: int):
         self.num_blocks = num_blocks
         self.num_free = num_blocks
+        self.num_reserved = 0  # set aside by reserve, not yet claimed
         self._next_unused = 0
         self._freed: list[int] = []
         self._head = 0
@@ -68,11 +69,33 @@ class BlockPool:
         self._head = end
         return ids
 
+    def reserve(self, n: int) -> bool:
+        """``n`` free blocks set aside for holders to claim later (:meth:`claim`); False (and no change)
+        if fewer are free. Without prefix caching a block's number is seen nowhere, so which blocks
+        they are is left until they are claimed: they stay in the free queue, counted out of it."""
+        if n > self.num_free:
+            return False
+        self.num_free -= n
+        self.num_reserved += n
+        return True
+
+    def claim(self, n: int) -> list[int]:
+        """``n`` of the reserved blocks, by number."""
+        self.num_reserved -= n
+        self.num_free += n
+        ids = self.allocate(n)
+        assert ids is not None, "claimed more blocks than were reserved"
+        return ids
+
+    def reserved_ids(self) -> Sequence[int]:
+        """The reserved blocks that have their numbers (none here: they are chosen at claim)."""
+        return ()
+
     def free(self, ids: Sequence[int]) -> None:
         self._freed.extend(ids)
         self.num_free += len(ids)
         assert self.num_free <= self.num_blocks, "freed more blocks than were allocated"
 
     def free_ids(self) -> list[int]:
-        """Every free block (for checks: O(num_blocks))."""
+        """Every block in the free queue, the reserved but unnumbered ones included (for checks: O(num_blocks))."""
         return [*range(self._next_unused, self.num_blocks), *self._freed[self._head:]]

@@ -14,8 +14,8 @@ computed tokens (the tokens whose KV the blocks hold): schedulers ask it to allo
 computed tokens, release, swap or reserve, and allocation answers with the new blocks or
 None, never raising: running out of memory is a scheduling decision (preempt, or wait), not an
 error. (Blocks may be taken in bulk and assigned later, for a lockstep group whose members cross
-block boundaries every step; the manager holds them meanwhile: see
-:mod:`simbatch.engine.accel.lockstep`.)
+block boundaries every step; the device pool holds them reserved meanwhile, numbered when assigned
+unless prefix caching makes their numbers matter at once: see :mod:`simbatch.engine.accel.lockstep`.)
 
 Invariant, checked by :meth:`KVCacheManager.check_conservation` at every step of the tests: every
 block is free or held, never both, never twice, on the device and on the host alike.
@@ -42,7 +42,7 @@ __all__ = ["BlockPool", "Content", "KVCacheManager", "blocks_for", "content_of",
 class KVCacheManager:
     """Device and host pools plus the per-request bookkeeping of who holds which blocks."""
 
-    __slots__ = ("block_size", "device", "host", "host_tier", "caching", "bulk", "_num_checks")
+    __slots__ = ("block_size", "device", "host", "host_tier", "caching", "_num_checks")
 
     def __init__(self, cfg: KVCache):
         self.block_size = cfg.block_size
@@ -54,7 +54,6 @@ class KVCacheManager:
         else:
             self.device = BlockPool(cfg.num_blocks)
         self.host = BlockPool(cfg.swap_blocks)
-        self.bulk: list[int] = []  # blocks taken in bulk, not yet assigned to a request (take_bulk)
         self._num_checks = 0
 
     def blocks_for(self, tokens: int) -> int:
@@ -184,32 +183,33 @@ class KVCacheManager:
         """All or nothing: room for each ``(request, num_new_tokens)``, plus ``bulk_blocks`` taken in
         bulk (:meth:`take_bulk`), when the free blocks cover them all; False (and no change) otherwise."""
         extra = [self.num_blocks_to_allocate(req, n) for req, n in wants]
-        ids = self.device.allocate(bulk_blocks + sum(extra))
-        if ids is None:
+        device = self.device
+        if bulk_blocks + sum(extra) > device.num_free:
             return False
-        at = bulk_blocks
+        device.reserve(bulk_blocks)
+        ids = device.allocate(sum(extra))
+        at = 0
         for (req, _), e in zip(wants, extra, strict=True):
             if e:
                 _give(req, ids[at:at + e])
                 at += e
-        self.bulk += ids[:bulk_blocks]
         return True
 
     def take_bulk(self, n: int) -> bool:
         """``n`` blocks taken for requests that will be told later which are theirs (:meth:`assign_bulk`):
         a lockstep group's members crossing block boundaries, counted, not listed, step by step. The
-        manager holds them meanwhile; False (and no change) if too few are free."""
-        ids = self.device.allocate(n)
-        if ids is None:
-            return False
-        self.bulk += ids
-        return True
+        device pool holds them reserved meanwhile (:meth:`BlockPool.reserve`); False (and no change) if too
+        few are free."""
+        return self.device.reserve(n)
 
     def assign_bulk(self, req: Request, n: int) -> None:
-        """The last ``n`` blocks taken in bulk become ``req``'s own."""
-        bulk = self.bulk
-        _give(req, bulk[-n:])
-        del bulk[-n:]
+        """``n`` of the blocks taken in bulk become ``req``'s own."""
+        _give(req, self.device.claim(n))
+
+    @property
+    def num_bulk(self) -> int:
+        """Blocks taken in bulk and not yet assigned."""
+        return self.device.num_reserved
 
     def reserve_batch(self, batch: list[Request], blocks: int) -> bool:
         """A request-level batch's memory, reserved whole at its start and shared among its slots as
@@ -239,15 +239,19 @@ class KVCacheManager:
         (tests run this at every step): the ids are gathered only where they are compared.
         """
         device_holders = list(device_holders)  # read twice below
-        held_for_members = self.bulk
+        # The blocks taken in bulk: those with their numbers already (with prefix caching), and how many
+        # have none yet (without: they are chosen when assigned).
+        held_for_members = self.device.reserved_ids()
+        unnumbered = self.device.num_reserved - len(held_for_members)
         device_lists = list(map(_block_ids, device_holders))
         host_lists = list(map(_host_block_ids, host_holders))
-        num_held = sum(map(len, device_lists)) + len(held_for_members)
+        num_held = sum(map(len, device_lists)) + self.device.num_reserved
         assert sum(map(_blocks, device_holders)) == num_held, "block counts disagree with the blocks held"
         self._num_checks += 1
         every = self._num_checks % FULL_CHECK_EVERY == 1
         for pool, lists, extra, name in ((self.device, device_lists, held_for_members, "device"),
                                          (self.host, host_lists, (), "host")):
+            out_of_queue = unnumbered if pool is self.device else 0
             # With prefix caching a block may have several holders: its reference count says how many.
             shared = self.caching and pool is self.device
             identities = every or 0 < pool.num_blocks <= FULL_CHECK_BLOCKS  # an empty pool: the count says all
@@ -256,9 +260,9 @@ class KVCacheManager:
                 distinct = len(set(ids)) if shared else len(ids)
             else:
                 distinct = sum(map(len, lists)) + len(extra)
-            assert distinct + pool.num_free == pool.num_blocks, f"{name} blocks not conserved"
+            assert distinct + pool.num_free + out_of_queue == pool.num_blocks, f"{name} blocks not conserved"
             if identities:
-                _check_identities(pool, ids, name)
+                _check_identities(pool, ids, name, out_of_queue)
         if self.host_tier is not None:
             self.host_tier.check()
 
@@ -301,9 +305,9 @@ def _give(req: Request, ids: list[int]) -> None:
             req.block_ids = np.concatenate((held, ids))
 
 
-def _check_identities(pool: BlockPool, held: list[int], name: str) -> None:
+def _check_identities(pool: BlockPool, held: list[int], name: str, reserved_in_queue: int = 0) -> None:
     free = pool.free_ids()
-    assert len(free) == pool.num_free, f"{name} free count disagrees with the free queue"
+    assert len(free) == pool.num_free + reserved_in_queue, f"{name} free count disagrees with the free queue"
     assert set(held) | set(free) == set(range(pool.num_blocks)), f"{name} block held twice, or held and free"
     ref_counts = getattr(pool, "ref_counts", None)
     if ref_counts is not None:

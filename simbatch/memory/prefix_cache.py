@@ -161,13 +161,16 @@ class CachingBlockPool(BlockPool):
     """
 
     __slots__ = ("_streams", "_num_streams_kept", "_ref", "_key", "_queue_seq", "_queue", "_places", "_head",
-                 "_tail", "spill")
+                 "_tail", "spill", "_reserved")
 
     QUEUE_SLACK = 1024  # the queue holds up to 3 x num_blocks + QUEUE_SLACK entries, stale ones included
     FIRST_PLACES = 4096  # the queue's places are listed this far at first (see _make_room)
 
     def __init__(self, num_blocks: int, spill: HostTier | None = None):
         super().__init__(num_blocks)
+        # Reserved blocks, taken at once (reserve): taking a block may evict a cached one, and when that
+        # happens is seen by every later lookup.
+        self._reserved: list[int] = []
         # Where evicted blocks' content goes (a host tier, simbatch.memory.host_tier), or None: lost.
         self.spill = spill
         self._streams: dict[int, _Index] = {}
@@ -193,6 +196,25 @@ class CachingBlockPool(BlockPool):
         return self._tail - self._head
 
     # ---------------------------------------------------------------- the free queue
+    def reserve(self, n: int) -> bool:
+        ids = self.allocate(n)
+        if ids is None:
+            return False
+        self._reserved += ids
+        self.num_reserved += n
+        return True
+
+    def claim(self, n: int) -> list[int]:
+        """The last ``n`` blocks reserved."""
+        reserved = self._reserved
+        ids = reserved[-n:]
+        del reserved[-n:]
+        self.num_reserved -= n
+        return ids
+
+    def reserved_ids(self) -> list[int]:
+        return self._reserved
+
     def allocate(self, n: int) -> list[int] | None:
         if n > self.num_free:
             return None
