@@ -75,12 +75,14 @@ class EventLog(Observer):
         self.events[replica].append(("transfer", t_s, request.request_id, request.replica, duration_s,
                                      request.num_computed_tokens, request.num_generated))
 
-    def step(self, replica, start_s, duration_s, plan, done):
+    def who(self, plan) -> tuple:
         # A step's membership is a set: the order of its decodes is each engine's own (the lockstep twin
         # keeps its group in its own order).
-        who = tuple(sorted((r.request_id, n) for r, n in plan.scheduled)) if self.members else \
+        return tuple(sorted((r.request_id, n) for r, n in plan.scheduled)) if self.members else \
             (plan.batch_size, plan.decode_seqs, plan.prefill_tokens)
-        self.events[replica].append(("step", start_s, duration_s, done, who))
+
+    def step(self, replica, start_s, duration_s, plan, done):
+        self.events[replica].append(("step", start_s, duration_s, done, self.who(plan)))
 
     def completion(self, t_s, requests):
         self.completions.append((t_s, tuple(sorted(r.request_id for r in requests))))
@@ -97,8 +99,8 @@ class RunLog(EventLog):
 
     def run(self, replica, run, plan):
         self.runs += 1
-        for start_s, duration_s in run:
-            self.step(replica, start_s, duration_s, plan, True)
+        who, events = self.who(plan), self.events[replica]  # one plan for every step of the run
+        events.extend(("step", start_s, duration_s, True, who) for start_s, duration_s in run)
 
 
 def logged(data: dict, fast_forward: bool, members: bool = True) -> tuple:
