@@ -72,8 +72,10 @@ def _execute_once(path: Path, *, small: bool, timeout_s: int) -> nbformat.Notebo
         cell.metadata.pop("execution", None)  # timestamps of an earlier run
     # An empty kernel_dirs leaves only the native kernel: this interpreter, via ipykernel.
     km = AsyncKernelManager(kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[]))
-    # No per-cell timestamps: a re-run with unchanged results must leave the files unchanged.
-    client = NotebookClient(nb, km=km, timeout=timeout_s, record_timing=False,
+    # No per-cell timestamps: a re-run with unchanged results must leave the files unchanged. Once the
+    # last cell has answered, the kernel has nothing left to say: it is killed rather than asked to
+    # wind its interpreter down (a second of tearing down NumPy, pandas and matplotlib, per lesson).
+    client = NotebookClient(nb, km=km, timeout=timeout_s, record_timing=False, shutdown_kernel="immediate",
                             resources={"metadata": {"path": str(path.parent)}})
     # Inline figures whatever MPLBACKEND the caller has set: the plots must land in the outputs.
     env = {**os.environ, SMALL_ENV: "1" if small else "0", "MPLBACKEND": "module://matplotlib_inline.backend_inline",
