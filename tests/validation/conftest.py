@@ -8,6 +8,7 @@ a subset.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 from collections.abc import Callable
@@ -174,6 +175,9 @@ def sim(pytestconfig: pytest.Config):
     if workers < 2:
         yield Simulator(pytestconfig.stash[LEDGER], None)
         return
-    # fork: workers start in milliseconds with the suite's modules already imported.
+    # fork: workers start in milliseconds with the suite's modules already imported. Frozen first, what
+    # the test process holds is never walked by a worker's garbage collector (nor copied on write by it).
+    gc.collect()
+    gc.freeze()
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
         yield Simulator(pytestconfig.stash[LEDGER], pool)
