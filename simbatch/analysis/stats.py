@@ -26,11 +26,8 @@ def weighted_quantiles(values: np.ndarray, weights: np.ndarray | None, qs: Seque
         values = np.sort(values)
         cum = np.arange(1, len(values) + 1)
     else:
+        # Entries of weight 0 stay: their cumulative weight equals the one before, so no rank picks them.
         weights = np.asarray(weights, dtype=np.int64)
-        keep = weights > 0
-        if not keep.all():
-            values, weights = values[keep], weights[keep]
-        del keep
         order = np.argsort(values)
         values, cum = values[order], weights[order]
         del order
@@ -83,15 +80,24 @@ def percentile_word(p: float) -> str:
 
 
 def describe_ms(prefix: str, values_s: np.ndarray, weights: np.ndarray | None = None,
-                percentiles: Sequence[float] = ()) -> dict[str, float]:
+                percentiles: Sequence[float] = (), own: bool = False) -> dict[str, float]:
     """``mean_/median_/std_/p90_/p99_<prefix>_ms`` of a sample given in seconds, vLLM's key names,
-    and ``p<P>_<prefix>_ms`` for each extra percentile P in ``percentiles`` (0 < P < 100)."""
+    and ``p<P>_<prefix>_ms`` for each extra percentile P in ``percentiles`` (0 < P < 100). ``own``:
+    the caller hands ``values_s`` over (a float64 array of its own), to be scaled to ms in place."""
     values_s = np.asarray(values_s, dtype=float)
     keep = ~np.isnan(values_s)
-    # (Copies only where a value is missing: the ITL sample of a million requests is millions of rows.)
-    values_ms = (values_s * 1e3) if keep.all() else values_s[keep] * 1e3
-    if weights is not None:
-        weights = np.asarray(weights) if keep.all() else np.asarray(weights)[keep]
+    # (Copies only where a value is missing, and in place when the caller hands the sample over: the
+    # ITL sample of a million requests is millions of rows.)
+    if not keep.all():
+        values_ms = values_s[keep] * 1e3
+        if weights is not None:
+            weights = np.asarray(weights)[keep]
+    elif own:
+        values_ms = values_s
+        values_ms *= 1e3
+    else:
+        values_ms = values_s * 1e3
+    del keep
     mean, std = weighted_mean_std(values_ms, weights)
     extra = [p for p in dict.fromkeys(percentiles) if p not in (90, 99)]
     median, p90, p99, *rest = weighted_quantiles(values_ms, weights, [0.5, 0.9, 0.99, *(p / 100 for p in extra)])

@@ -255,7 +255,7 @@ def summarize(scenario: Scenario, requests: pd.DataFrame, iterations: pd.DataFra
 
     out |= describe_ms("ttft", done["ttft_s"].to_numpy(), percentiles=extra("ttft"))
     out |= describe_ms("tpot", done["tpot_s"].to_numpy(), percentiles=extra("tpot"))
-    out |= describe_ms("itl", *itl_sample(iterations, rec.stall_gaps_s), percentiles=extra("itl"))
+    out |= describe_ms("itl", *itl_sample(iterations, rec.stall_gaps_s), percentiles=extra("itl"), own=True)
     out |= describe_ms("e2el", done["e2e_s"].to_numpy(), percentiles=extra("e2el"))
     if scenario.workload.max_concurrency is not None:
         out |= describe_ms("client_wait", requests["client_wait_s"].to_numpy())
