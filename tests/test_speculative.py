@@ -289,6 +289,33 @@ def test_a_spread_squeezed_against_an_end_of_its_range_is_that_end(alpha, concen
     assert tokens_per_step(spread) == pytest.approx(tokens, rel=1e-9)
 
 
+@pytest.mark.parametrize("concentration", [1e-3, 0.01, 1e3, 1e4, 1e6])
+@pytest.mark.parametrize("alpha", [1e-9, 0.5, 0.99, 1 - 1e-12])
+def test_a_spread_at_any_concentration_gives_a_number_of_tokens_a_step_within_its_range(alpha, concentration):
+    """scipy's Gauss-Jacobi weights overflow to infinity above a concentration of ~1,000 (their total
+    mass is 2^(c+1) B(...)), and its nodes may fall a hair outside [-1, 1]: the run's tokens a step came
+    out NaN (found by hypothesis, as a RuntimeWarning). Normalised weights and clipped nodes keep it
+    between 1 and k + 1, and a tight spread at the point mass's value."""
+    from simbatch.features.speculative import tokens_per_step
+
+    spread = Speculative(**spec(k=4, alpha=alpha), acceptance_rate_concentration=concentration)
+    with np.errstate(all="raise"):
+        tokens = tokens_per_step(spread)
+    assert 1.0 - 1e-12 <= tokens <= 5.0 + 1e-12
+    if concentration >= 1e6:
+        assert tokens == pytest.approx(expected_tokens_per_step(4, alpha), rel=1e-5)
+
+
+def test_a_tight_spread_is_its_monte_carlo_harmonic_mean():
+    """At a concentration of 5,000 (where scipy's weights overflow) the quadrature against 4M draws."""
+    from simbatch.features.speculative import tokens_per_step
+
+    draws = np.random.default_rng(0).beta(5000 * 0.7, 5000 * 0.3, 4_000_000)
+    sample = 1 / (1 / expected_tokens_per_step(4, draws)).mean()
+    spread = Speculative(**spec(k=4, alpha=0.7), acceptance_rate_concentration=5000)
+    assert tokens_per_step(spread) == pytest.approx(sample, rel=2e-5)  # the sample's error: ~5e-6
+
+
 def test_a_rate_whose_spread_underflows_is_the_point_mass_at_its_end():
     """c alpha below the smallest float (found by hypothesis: alpha = 5e-324, c = 0.5): numpy's Beta
     refuses a zero parameter; the request's rate is then 0, and it never accepts a draft."""

@@ -59,8 +59,10 @@ def expected_tokens_per_step(k: int, alpha):
     1 + alpha + ... + alpha^k, in closed form (1 - alpha^(k+1)) / (1 - alpha), so that any k costs the
     same. ``-expm1((k + 1) log alpha)`` is 1 - alpha^(k+1) without the cancellation near alpha = 1."""
     a = np.asarray(alpha, dtype=np.float64)
-    with np.errstate(divide="ignore"):  # log 0 = -inf: alpha = 0 gives 1 - 0 = 1 token, as it should
-        out = -np.expm1((k + 1) * np.log(a)) / (1 - a)
+    # log 0 = -inf: alpha = 0 gives 1 - 0 = 1 token, as it should; at alpha = 1 (a quadrature node at the
+    # end of [0, 1]) the limit, k + 1.
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where(a == 1.0, k + 1.0, -np.expm1((k + 1) * np.log(a)) / (1 - a))
     return float(out) if out.ndim == 0 else out
 
 
@@ -73,17 +75,37 @@ def tokens_per_step(spec: Speculative) -> float:
     k, alpha, c = spec.num_speculative_tokens, spec.acceptance_rate, spec.acceptance_rate_concentration
     if c is None:
         return expected_tokens_per_step(k, alpha)
-    from scipy.special import roots_jacobi  # only a spread needs it
-
     # E[1 / E(alpha_i)] by Gauss-Jacobi quadrature, whose weight on [-1, 1] is the Beta density's with
     # alpha = (1 + x) / 2: exact for polynomials of degree < 128, and 1 / E is smooth and bounded.
     # A Beta parameter below ~1e-16 would round the Jacobi exponent to -1, where the weight is not
     # integrable; that close to 0 the law is a point mass at its end of [0, 1] whichever tiny value it
     # has, so 1e-12 stands for every smaller one (numpy's own Beta draws are then 0 or 1 exactly).
-    # (Near that end scipy evaluates a branch it then discards, dividing by ~0: quiet, not wrong.)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        x, w = roots_jacobi(64, max(c * (1 - alpha), 1e-12) - 1, max(c * alpha, 1e-12) - 1)
-    return float(w.sum() / (w / expected_tokens_per_step(k, (1 + x) / 2)).sum())
+    x, w = _gauss_jacobi(64, max(c * (1 - alpha), 1e-12) - 1, max(c * alpha, 1e-12) - 1)
+    return float(1.0 / (w @ (1.0 / expected_tokens_per_step(k, (1 + x) / 2))))
+
+
+def _gauss_jacobi(n: int, a: float, b: float) -> tuple[np.ndarray, np.ndarray]:
+    """Nodes in [-1, 1] and weights summing to 1 of the n-point Gauss rule for the weight
+    (1 - x)^a (1 + x)^b, by Golub and Welsch: the eigenvalues of the Jacobi matrix of the monic
+    Jacobi polynomials' recurrence, and the squared first components of its eigenvectors.
+
+    Normalised, the weights need no total mass 2^(a+b+1) B(a+1, b+1), which overflows for a Beta of
+    concentration above ~1,000 (scipy's roots_jacobi then gives infinite weights); rounding may put a
+    node a hair outside [-1, 1], so the nodes are clipped."""
+    from scipy.linalg import eigh_tridiagonal  # only a spread needs it
+
+    i = np.arange(1, n, dtype=np.float64)
+    s = 2 * i + a + b  # 2i + a + b for i = 1 .. n-1
+    diag = np.empty(n)
+    diag[0] = (b - a) / (a + b + 2)
+    diag[1:] = (b * b - a * a) / (s * (s + 2))
+    off2 = np.empty(n - 1)
+    off2[0] = 4 * (1 + a) * (1 + b) / ((2 + a + b) ** 2 * (3 + a + b))  # i = 1, its 0/0 at a + b = -1 cancelled
+    j, t = i[1:], s[1:]
+    off2[1:] = 4 * j * (j + a) * (j + b) * (j + a + b) / (t * t * (t + 1) * (t - 1))
+    nodes, vectors = eigh_tridiagonal(diag, np.sqrt(off2))
+    weights = vectors[0] ** 2
+    return np.clip(nodes, -1.0, 1.0), weights / weights.sum()
 
 
 class AcceptanceStream:
