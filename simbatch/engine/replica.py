@@ -268,8 +268,6 @@ class Replica:
                 n = 1
             else:
                 run = cost_run(plan, duration)
-                # Repeats of one duration (the context read does not grow them): their sums written out.
-                uniform_ns = run.first_ns if run.__class__ is StepRun and not run.inc else 0
                 n, start = 0, now  # steps of this plan done so far; start of the part in progress
                 while n < k:
                     self._run_ctx = (plan, shape, contiguous)
@@ -278,14 +276,10 @@ class Replica:
                         # The steps before the next arrival is seen: the step in progress when it
                         # arrives is the last (one at the instant a step ends is seen right after it).
                         t_next, m = self.next_arrival_ns, k - n
-                        end = start + (m * uniform_ns if uniform_ns else run.ns(n, m))
+                        end = start + run.ns(n, m)
                         if t_next < end:
-                            if uniform_ns:  # run.reach and run.ns, written out
-                                m = max(1, -(-(t_next - start) // uniform_ns))
-                                end = start + m * uniform_ns
-                            else:
-                                m = run.reach(n, t_next - start)
-                                end = start + run.ns(n, m)
+                            m = run.reach(n, t_next - start)
+                            end = start + run.ns(n, m)
                         if not run_ahead or end >= self.next_arrival_ns or end >= stop_at:
                             yield env.timeout(end - env.now)
                     else:

@@ -367,11 +367,11 @@ class ContinuousScheduler(BaseScheduler):
                 continue
             # A request with nothing computed may start from tokens a feature has (prefix caching's hits).
             cached = cache.lookup(req) if cache is not None and not req.num_computed_tokens and \
-                not req.host_block_ids else 0
+                not req.swapped_blocks else 0
             n = self._chunk(req, cached)
             if n == 0 or full or not (
                     cache.take_cached(req, n) if cached else
-                    -(-(req.num_computed_tokens + n) // kv.block_size) <= kv.device.num_free):  # blocks_for
+                    blocks_for(req.num_computed_tokens + n, kv.block_size) <= kv.device.num_free):
                 if n and self.evicts_at_admission and self._evict_for(req, now, plan):
                     continue
                 if self.head_of_line_blocking or full or not kv.device.num_free:
@@ -381,7 +381,7 @@ class ContinuousScheduler(BaseScheduler):
                 passed_over.append(waiting.pop())
                 continue
             waiting.pop()
-            if req.host_block_ids:  # swapped out
+            if req.swapped_blocks:
                 plan.swap_blocks += req.swapped_blocks
                 # Cannot fail: the swapped blocks hold its computed tokens, fewer than the check counted.
                 swapped_in = kv.swap_in(req)
@@ -391,8 +391,7 @@ class ContinuousScheduler(BaseScheduler):
             if req.prefill_pending:
                 self._prefilling[req] = None
             plan.admit(req)
-            self._sched[req] = n  # _take, written out: per admission
-            self._budget -= n
+            self._take(req, n)
             for hook in self._admitted:
                 hook(req)
         if passed_over:

@@ -26,8 +26,9 @@ rules one request at a time, and ``repeatable_steps`` is 1 (a plan without a gro
 Most plans are of the group alone (every running request a member): the twin makes those itself,
 the group's blocks taken at once and the model's admission rule called as written, and hands the
 others to the model's plan. The twin overrides the model's own steps (rule 1, putting the plan
-together, preemption, applying a step), never hooks the model keeps for it; the blocks its members take in bulk are the KV manager's
-(:meth:`~simbatch.memory.kv.KVCacheManager.take_bulk`) until each member leaves with its own.
+together, preemption, applying a step), never hooks the model keeps for it; the blocks its members
+take in bulk are a reservation the KV manager makes (:meth:`~simbatch.memory.kv.KVCacheManager.take_bulk`)
+until each member leaves with its own.
 """
 
 from __future__ import annotations
@@ -134,30 +135,23 @@ class LockstepScheduler(ContinuousScheduler):
 
     # ---------------------------------------------------------------- planning
     def _plan(self, now: float, admit: bool = True) -> StepPlan | Idle:
-        group, kv, running = self._group, self.kv, self.running
-        if self.repeatable and not self._delivered and len(running) > len(group) + len(self._prefilling):
-            self._join_sampled(self._lone_decodes())
-        waiting = len(self.waiting)
-        if group and len(running) == len(group) and self.repeatable and not self._delivered and \
-                (not waiting or (admit and not self.evicts_at_admission)):
+        group, running = self._group, self.running
+        if self.repeatable and not self._delivered:
+            if len(running) > len(group) + len(self._prefilling):
+                self._join_sampled(self._lone_decodes())
+            waiting = len(self.waiting)
             # Most plans: every running request a member. The model's rules come down to the group's
             # decodes, when the blocks its members cross into are free (else they go one by one), then
             # admission (which, evicting nobody, leaves the group as it is).
-            n = self._phase[self.clock % kv.block_size]
-            if not n or kv.take_bulk(n):
-                self._group_reserved = self._granted_all = True
-                size = len(group)
-                self._budget = self.token_budget - size
+            if group and len(running) == len(group) and (not waiting or (admit and not self.evicts_at_admission)) \
+                    and self._reserve_group():
+                self._budget = self.token_budget - len(group)
                 self._sched = {}
+                plan = StepPlan()
                 if waiting:
-                    plan = StepPlan()
                     self._admit_waiting(now, plan)
-                    self._assemble(plan)
-                else:  # (nobody waits: the plan is the group's, as _assemble makes it)
-                    self._members_planned = size
-                    plan = StepPlan(decodes=self._members or self._members_now(), decode_seqs=size,
-                                    kv_tokens=self._group_context + size * self.clock)
-                device = kv.device
+                self._assemble(plan)
+                device = self.kv.device
                 self._plan_used = device.num_blocks - device.num_free
                 return plan
         self._group_reserved = False
@@ -175,15 +169,21 @@ class LockstepScheduler(ContinuousScheduler):
         lone = self._lone_decodes() if len(self.running) > len(group) + len(self._prefilling) else ()
         if lone and self._join_sampled(lone):
             lone = [r for r in lone if r.lockstep is None]
-        if not lone:  # the group alone (as _reserve_decodes would take it: this is most plans)
-            n = self._phase[self.clock % self.kv.block_size]
-            if not n or self.kv.take_bulk(n):
-                self._group_reserved = self._granted_all = True
+        if not lone:  # the group alone (as _reserve_decodes would take it)
+            if self._reserve_group():
                 self._budget -= len(group)
                 return
         elif self._reserve_decodes(lone):
             return
         self._reserve_decodes_one_by_one(lone, now, plan)
+
+    def _reserve_group(self) -> bool:
+        """The blocks the members crossing into a new block this step need, taken at once; False (and no
+        change) if blocks are short, and then they go one by one (_reserve_decodes_one_by_one)."""
+        if not self._take_for_group(self._phase[self.clock % self.kv.block_size]):
+            return False
+        self._group_reserved = self._granted_all = True
+        return True
 
     def _lone_decodes(self) -> list[Request]:
         """The decodes out of the group, in running (admission) order. Most are those the last step
@@ -309,7 +309,7 @@ class LockstepScheduler(ContinuousScheduler):
         self._phase[p + bs] -= 1
         del self._phase_members[p][req]
         planned = self._group_reserved and (self._granted_all or req in self._granted)
-        own = -(-(computed + planned) // bs) - len(req.block_ids)  # blocks_for: those taken in bulk for it
+        own = blocks_for(computed + planned, bs) - len(req.block_ids)  # blocks taken in bulk for it
         if own:
             self.kv.assign_bulk(req, own)
         self._group_context -= computed - clock
@@ -432,9 +432,7 @@ class LockstepScheduler(ContinuousScheduler):
         bs, phase, size = self.kv.block_size, self._phase, len(self._group)
         a = (self.clock + 1) % bs
         cycles, rest = divmod(n - 1, bs)
-        total = n * self._plan_used
-        if rest:
-            total += sum(map(mul, phase[a:a + rest], _DOWN[rest - 1] if rest <= len(_DOWN) else range(rest, 0, -1)))
+        total = n * self._plan_used + sum(map(mul, phase[a:a + rest], range(rest, 0, -1)))
         if cycles:
             v = sum(map(mul, phase[a:a + bs], range(bs)))
             total += cycles * ((n - 1) * size - v) - bs * size * cycles * (cycles - 1) // 2
@@ -478,7 +476,5 @@ class LockstepScheduler(ContinuousScheduler):
 _prefill_pending, _num_computed_tokens = attrgetter("prefill_pending"), attrgetter("num_computed_tokens")
 _admission_order = attrgetter("admitted_seq")
 _first = itemgetter(0)
-# _DOWN[r - 1] is r, r - 1, ..., 1: the weights of kv_blocks_sum's partial cycle, made once (for the usual block sizes).
-_DOWN = tuple(tuple(range(r, 0, -1)) for r in range(1, 257))
 
 MODES.attach("continuous", twin=LockstepScheduler)
