@@ -329,8 +329,8 @@ def test_running_ahead_of_simpy_is_invisible(scenario):
 
 
 def test_the_accelerated_engine_saves_events():
-    """The reference engine yields once per step; the accelerated one, running ahead, only for the
-    step in progress at each arrival (and for runs, not steps, without running ahead)."""
+    """The reference engine yields once per step; the accelerated one, running ahead, only to sleep
+    until the next arrival, which it takes itself (and for runs, not steps, without running ahead)."""
 
     def timeouts(fast_forward: bool, run_ahead: bool = True) -> int:
         scenario = Scenario.model_validate({"workload": {"num_requests": 300, "arrival": {"rate": 2.0}},

@@ -64,6 +64,7 @@ class EventLog(Observer):
         self.members = members
         self.events: defaultdict[int, list[tuple]] = defaultdict(list)  # replica -> events
         self.completions: list[tuple] = []
+        self._last: tuple = (None, ())  # (plan, its membership): a run of steps tells the same plan each step
 
     def admission(self, t_s, replica, request):
         self.events[replica].append(("admitted", t_s, request.request_id, request.num_computed_tokens))
@@ -78,8 +79,12 @@ class EventLog(Observer):
     def who(self, plan) -> tuple:
         # A step's membership is a set: the order of its decodes is each engine's own (the lockstep twin
         # keeps its group in its own order).
-        return tuple(sorted((r.request_id, n) for r, n in plan.scheduled)) if self.members else \
-            (plan.batch_size, plan.decode_seqs, plan.prefill_tokens)
+        if not self.members:
+            return plan.batch_size, plan.decode_seqs, plan.prefill_tokens
+        if self._last[0] is not plan:  # (held here, so no other plan can take its id)
+            self._last = plan, tuple(sorted([*((r.request_id, 1) for r in plan.decodes),
+                                             *((r.request_id, n) for r, n in plan.slices)]))
+        return self._last[1]
 
     def step(self, replica, start_s, duration_s, plan, done):
         self.events[replica].append(("step", start_s, duration_s, done, self.who(plan)))

@@ -1,8 +1,8 @@
 """The SimPy model: the cluster (arrivals, admission, routing) around one engine loop per replica.
 
-- :mod:`.replica`: the plain loop, plan -> cost -> timeout -> apply -> record; the model itself.
-- :mod:`.accelerated`: the same loop taking runs of identical steps in one go, and running ahead of
-  SimPy's clock when nothing can interfere; selected by ``sim.fast_forward`` (the default).
+- :mod:`.replica`: the one engine loop, plan -> cost -> timeout -> apply -> record, holding an
+  accelerator (:mod:`.accel`: the null one is the reference engine; ``sim.fast_forward``, the default,
+  takes runs of identical steps in one go, and lets a lone replica run ahead of SimPy's clock).
 - :mod:`.cluster`: :class:`Engine`, which builds the replicas and sends them the requests.
 """
 

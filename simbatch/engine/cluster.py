@@ -2,7 +2,8 @@
 
 One SimPy process sends each request at its arrival instant: the cluster cap (``max_in_flight``), the
 router (reading live replicas, or snapshots taken ``signal_delay_ms`` earlier by a second process),
-then the chosen replica's own checks, and the replica's queue. The replicas run on their own
+then the chosen replica's own checks, and the replica's queue. (A lone replica that runs ahead of
+SimPy's clock takes its requests itself, through the same steps, as its clock passes them: :class:`Feed`.) The replicas run on their own
 (:mod:`simbatch.engine.replica`, accelerated under ``sim.fast_forward``: :mod:`simbatch.engine.accel`).
 
 Time is kept in integer nanoseconds (:mod:`simbatch.model.clock`, which also states the tie rule: at one
@@ -115,8 +116,8 @@ class Engine:
             self._views = deque()
             self.env.process(self._observe())  # first, so that it snapshots t <= 0 before any arrival
         # A lone accelerated replica is told when each request will arrive (see _arrivals), and
-        # unless snapshots read its state in between, it may run ahead up to there; not with a
-        # client, whose next send may wait on any of its completions.
+        # unless snapshots read its state in between, it runs ahead and takes its requests itself
+        # (Feed, made in run()); not with a client, whose next send may wait on any of its completions.
         self._lone = self.replicas[0] if len(self.replicas) == 1 and scenario.sim.fast_forward \
             and self.client is None and self.autoscaler is None else None
         if self._lone is not None:
@@ -130,7 +131,6 @@ class Engine:
         self._rejected = self._rejections()
         self._sending_done = False
         self._deliveries_wake: simpy.Event | None = None
-        self.env.process(self._arrivals())
 
     def _replica(self, i: int) -> Replica:
         """Replica ``i``, a new engine: built at the start, and again when an autoscaler restarts it."""
@@ -155,6 +155,18 @@ class Engine:
                 yield Urgent(env, t - delay_ns - env.now)
             self._views.append(tuple(Load.of(r) for r in self.replicas))
 
+    def _rows(self):
+        """(index, (arrival on the clock, arrival in s, the request's other columns)) of every request, in order."""
+        wl = self.workload
+        return enumerate(_chunked(self._arrival_ns, wl.arrival_s, wl.prompt_tokens, wl.output_tokens, wl.tenant,
+                                  wl.priority, wl.prefix_stream, wl.shared_prefix_tokens))
+
+    def _arrive(self, i: int, now_s: float, request: list) -> None:
+        """Request ``i`` reaches the cluster at ``now_s``."""
+        if self.on_progress is not None and i % 1024 == 0:
+            self.on_progress(now_s, i)
+        self._receive(i, now_s, *request)
+
     def _arrivals(self):
         """Send each request at its arrival instant (or when the client lets it go), and hand it to the
         cluster ``frontend.request_latency_ms`` later (:meth:`_receive`).
@@ -163,9 +175,7 @@ class Engine:
         arrival plus the latency; a client's sends are known only as the run goes, so with a latency
         they queue for :meth:`_deliveries`, in send order (the latency is the same for all).
         """
-        env, wl, rec, sc = self.env, self.workload, self.recorder, self.scenario
-        rows = _chunked(self._arrival_ns, wl.arrival_s, wl.prompt_tokens, wl.output_tokens, wl.tenant,
-                        wl.priority, wl.prefix_stream, wl.shared_prefix_tokens)
+        env, rec, sc = self.env, self.recorder, self.scenario
         lone = self._lone  # told when each request will arrive
         client, latency_ns = self.client, self._request_latency_ns
         # Closed-loop users stop at the workload's duration (open-loop arrivals are all before it).
@@ -175,7 +185,7 @@ class Engine:
         if client is not None and latency_ns:
             self._pending: deque = deque()
             deliveries = env.process(self._deliveries())
-        for i, (t, t_s, *request) in enumerate(rows):
+        for i, (t, t_s, *request) in self._rows():
             if client is not None:
                 wait_ns = yield from client.send(t)
                 if stop_sending_ns is not None and env.now >= stop_sending_ns:
@@ -196,9 +206,7 @@ class Engine:
                 if t > now:
                     yield Urgent(env, t - now)
                 now_s = t_s
-            if self.on_progress is not None and i % 1024 == 0:
-                self.on_progress(now_s, i)
-            self._receive(i, now_s, *request)
+            self._arrive(i, now_s, request)
         self._sending_done = True
         if deliveries is not None:
             self._poke_deliveries()
@@ -300,6 +308,11 @@ class Engine:
         """
         limit = self.scenario.sim.max_time_s
         limit_ns = None if limit is None else _stop_ns(limit)
+        lone = self._lone
+        if lone is not None and lone.run_ahead and lone.group is None:
+            lone.feed = Feed(self, lone)  # it receives its requests itself (Feed)
+        else:
+            self.env.process(self._arrivals())
         self.env.run(until=limit_ns)
         for replica in self.replicas:
             replica.stop(self.env.now)
@@ -313,3 +326,43 @@ class Engine:
             rec.unfinished(req, end_s)
         rec.close(end_s)
         return end_s
+
+
+class Feed:
+    """The arrivals of a lone replica that runs ahead of SimPy's clock, received by the replica itself.
+
+    Nothing but that replica could see an arrival at its instant (no router, no snapshots, no client),
+    so instead of one SimPy event per arrival, the replica takes the requests due as its clock passes
+    them: at the end of the step during which they arrive, before the step is applied (where the
+    arrival process's urgent events would have put them), or when it wakes from idling at the next
+    one. Everything an arrival does is the cluster's as before (:meth:`Engine._arrive`).
+    """
+
+    __slots__ = ("_engine", "_replica", "_rows", "_next")
+
+    def __init__(self, engine: Engine, replica: Replica):
+        self._engine, self._replica, self._rows = engine, replica, engine._rows()
+        self._next = None
+        self._advance()
+
+    def _advance(self) -> None:
+        row = next(self._rows, None)
+        if row is None:
+            self._next = None
+            self._engine._close()  # (sets the replica's next_arrival_ns to inf)
+            return
+        i, (t, t_s, *request) = row
+        latency_ns = self._engine._request_latency_ns
+        if latency_ns:
+            t += latency_ns
+            t_s = t / NS_PER_S
+        self._next = i, t, t_s, request
+        self._replica.next_arrival_ns = t
+
+    def receive_until(self, t_ns: int) -> None:
+        """Receive every request due at or before ``t_ns``, in order."""
+        arrive = self._engine._arrive
+        while self._next is not None and self._next[1] <= t_ns:
+            i, _, t_s, request = self._next
+            arrive(i, t_s, request)
+            self._advance()

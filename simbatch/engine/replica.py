@@ -15,11 +15,13 @@ engine's accelerator may say that a plan repeats ``k`` times if nothing arrives;
 the run as one timeout, its durations summed exactly by the cost model (:class:`~simbatch.model.cost.StepRun`).
 An arrival at this replica during the run cuts it at the end of the step in progress, which is exactly
 when a step-by-step engine would first see the arrival; the run goes on if the plan survives the
-arrival. A lone replica that nobody observes (no router, no delayed snapshots) is also told when the
-next request arrives (``next_arrival_ns``): a step or run that ends before then, and before the clock
-stop, cannot be affected by anything outside the replica, so it is applied at once on the replica's
-own clock (``run_ahead``), and the loop yields only for the step during which the next request
-arrives, so SimPy still orders every interaction.
+arrival. A lone replica is also told when the next request arrives (``next_arrival_ns``), and a run
+ends there by itself instead of being woken. Unless something outside reads its state (delayed
+snapshots), it runs ahead of SimPy's clock: a step or run that ends before the clock stop cannot be
+affected by anything outside the replica, so it is applied at once on the replica's own clock, and
+the replica takes its requests itself (``feed``, :class:`simbatch.engine.cluster.Feed`) at the end of
+the step during which they arrive, before applying it, where the arrival process's urgent events
+would have put them. It yields to SimPy only to sleep, and for the step the clock stops in.
 
 Times cross into the scheduler and the recorder in seconds; the loop itself counts whole
 nanoseconds (:mod:`simbatch.model.clock`).
@@ -57,6 +59,9 @@ class Replica:
     # Set on a rank of a data-parallel MoE engine, whose group steps it (simbatch.engine.dp_group), not _run.
     # (A class default: one attribute more in __init__ would enlarge every replica's attribute dict.)
     group = None
+    # Set by the cluster on a lone replica running ahead (simbatch.engine.cluster.Feed): it receives its
+    # requests itself, as its clock passes them, and no SimPy process sends them.
+    feed = None
 
     def __init__(self, env: simpy.Environment, index: int, scenario: Scenario, recorder: Recorder,
                  tenant_names: tuple[str, ...], check_invariants: bool = False,
@@ -90,9 +95,9 @@ class Replica:
         # With a client, requests are also sent at completion instants: the loop plans only after them.
         self.plans_after_sends = False
         # Set by the cluster for a lone accelerated replica (module docstring): every request comes
-        # here, so the arrival process keeps ``next_arrival_ns`` at the time of the next arrival (inf
-        # after the last; 0, "not yet known", before the first), and runs of steps end there by themselves
-        # instead of being woken; and, unless delayed snapshots read its state, it may run ahead up to there.
+        # here, so the cluster keeps ``next_arrival_ns`` at the time of the next arrival (inf after the
+        # last; 0, "not yet known", before the first), and runs of steps end there by themselves
+        # instead of being woken; and, unless delayed snapshots read its state, it runs ahead (``feed``).
         self.next_arrival_ns: float = 0
         self.knows_arrivals = False
         self.run_ahead = False
@@ -164,6 +169,14 @@ class Replica:
 
     def _sleep(self, answer: SleepUntil | Idle):
         """Wait for an arrival, or until the scheduler's timer falls due."""
+        env, feed = self.env, self.feed
+        if feed is not None:  # nobody sends: wake for the next arrival, or the timer, whichever comes first
+            wake_ns = self.next_arrival_ns if answer is IDLE else \
+                min(self.next_arrival_ns, env.now + max(1, ceil_ns(answer.time_s) - env.now))
+            if wake_ns < math.inf:
+                yield env.timeout(wake_ns - env.now)
+                feed.receive_until(env.now)
+                return
         self._wake = self.env.event()
         # A timer due at a time the grid rounds below ``now`` still waits one tick: time advances.
         yield self._wake if answer is IDLE else \
@@ -220,7 +233,7 @@ class Replica:
         # (Bound here, not kept: one attribute more unshares every replica's attribute dict, 1.3 KB each.)
         step_duration_ns = self.cost.plan_ns_function() if not self._feature_ms else self.step_duration_ns
         cost_run, check, waiting = self.cost.run, self.check, sched.waiting
-        run_ahead, stop_at = self.run_ahead, self.stop_at_ns  # set by the cluster before the run starts
+        feed, stop_at = self.feed, self.stop_at_ns  # set by the cluster before the run starts
         contiguous, now = False, env.now  # now: this replica's clock, ahead of env.now when running ahead
         late = self.plans_after_sends  # a client: plan after the sends of this instant (no running ahead)
         observed = bool(self.step_observers)
@@ -255,7 +268,12 @@ class Replica:
             if k == 1:
                 kv_sum = accel.kv_blocks_sum(1)
                 end = now + duration
-                if not run_ahead or end >= self.next_arrival_ns or end >= stop_at:
+                if feed is not None and end < stop_at:  # running ahead
+                    if end >= self.next_arrival_ns:
+                        feed.receive_until(end)  # the arrivals during this step, seen after it
+                else:
+                    if feed is not None:
+                        feed.receive_until(stop_at - 1)  # the clock stops in this step: those before it
                     self._step_ctx = (now, duration, shape, kv_sum, contiguous, plan)
                     yield env.timeout(end - env.now)  # SimPy's clock catches up with the replica's
                     self._step_ctx = None
@@ -280,7 +298,12 @@ class Replica:
                         if t_next < end:
                             m = run.reach(n, t_next - start)
                             end = start + run.ns(n, m)
-                        if not run_ahead or end >= self.next_arrival_ns or end >= stop_at:
+                        if feed is not None and end < stop_at:
+                            if end >= self.next_arrival_ns:
+                                feed.receive_until(end)
+                        else:
+                            if feed is not None:
+                                feed.receive_until(stop_at - 1)
                             yield env.timeout(end - env.now)
                     else:
                         m = yield from self._run_of_steps(start, run, n, k - n)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from functools import lru_cache
 from itertools import chain
 from operator import attrgetter
 
@@ -239,30 +240,33 @@ class KVCacheManager:
         (tests run this at every step): the ids are gathered only where they are compared.
         """
         device_holders = list(device_holders)  # read twice below
+        device, host = self.device, self.host
         # The blocks taken in bulk: those with their numbers already (with prefix caching), and how many
         # have none yet (without: they are chosen when assigned).
-        held_for_members = self.device.reserved_ids()
-        unnumbered = self.device.num_reserved - len(held_for_members)
+        held_for_members = device.reserved_ids()
+        unnumbered = device.num_reserved - len(held_for_members)
         device_lists = list(map(_block_ids, device_holders))
-        host_lists = list(map(_host_block_ids, host_holders))
-        num_held = sum(map(len, device_lists)) + self.device.num_reserved
-        assert sum(map(_blocks, device_holders)) == num_held, "block counts disagree with the blocks held"
+        num_listed = sum(map(len, device_lists))
+        assert sum(map(_blocks, device_holders)) == num_listed + device.num_reserved, \
+            "block counts disagree with the blocks held"
         self._num_checks += 1
         every = self._num_checks % FULL_CHECK_EVERY == 1
-        for pool, lists, extra, name in ((self.device, device_lists, held_for_members, "device"),
-                                         (self.host, host_lists, (), "host")):
-            out_of_queue = unnumbered if pool is self.device else 0
-            # With prefix caching a block may have several holders: its reference count says how many.
-            shared = self.caching and pool is self.device
-            identities = every or 0 < pool.num_blocks <= FULL_CHECK_BLOCKS  # an empty pool: the count says all
-            if shared or identities:
-                ids = [*chain.from_iterable(lists), *extra]
-                distinct = len(set(ids)) if shared else len(ids)
-            else:
-                distinct = sum(map(len, lists)) + len(extra)
-            assert distinct + pool.num_free + out_of_queue == pool.num_blocks, f"{name} blocks not conserved"
-            if identities:
-                _check_identities(pool, ids, name, out_of_queue)
+        # The device: with prefix caching a block may have several holders (its reference count says how
+        # many), so its distinct blocks are counted from their ids.
+        identities = every or 0 < device.num_blocks <= FULL_CHECK_BLOCKS  # an empty pool: the count says all
+        if self.caching or identities:
+            ids = [*chain.from_iterable(device_lists), *held_for_members]
+            distinct = len(set(ids)) if self.caching else len(ids)
+        else:
+            distinct = num_listed + len(held_for_members)
+        assert distinct + device.num_free + unnumbered == device.num_blocks, "device blocks not conserved"
+        if identities:
+            _check_identities(device, ids, "device", unnumbered)
+        # The host: one holder a block.
+        host_lists = list(map(_host_block_ids, host_holders))
+        assert sum(map(len, host_lists)) + host.num_free == host.num_blocks, "host blocks not conserved"
+        if every or 0 < host.num_blocks <= FULL_CHECK_BLOCKS:
+            _check_identities(host, list(chain.from_iterable(host_lists)), "host")
         if self.host_tier is not None:
             self.host_tier.check()
 
@@ -308,10 +312,16 @@ def _give(req: Request, ids: list[int]) -> None:
 def _check_identities(pool: BlockPool, held: list[int], name: str, reserved_in_queue: int = 0) -> None:
     free = pool.free_ids()
     assert len(free) == pool.num_free + reserved_in_queue, f"{name} free count disagrees with the free queue"
-    assert set(held) | set(free) == set(range(pool.num_blocks)), f"{name} block held twice, or held and free"
+    assert set(held).union(free) == _every_block(pool.num_blocks), f"{name} block held twice, or held and free"
     ref_counts = getattr(pool, "ref_counts", None)
     if ref_counts is not None:
         assert Counter(held) == ref_counts(), f"{name} reference counts disagree"
+
+
+@lru_cache(maxsize=8)
+def _every_block(num_blocks: int) -> frozenset[int]:
+    """The numbers of a pool's blocks, as a set (made once per pool size: the tests check every step)."""
+    return frozenset(range(num_blocks))
 
 
 _block_ids, _host_block_ids, _blocks = attrgetter("block_ids"), attrgetter("host_block_ids"), attrgetter("blocks")

@@ -402,8 +402,10 @@ class ContinuousScheduler(BaseScheduler):
     def _seats_taken(self) -> int:
         """Running requests, those whose KV is on its way here (each has its slot reserved), and, with
         async scheduling, those that finished in the last step (their slots are freed after this plan)."""
-        return len(self.running) + len(self._incoming) + len(self._delivered) + len(self._done_held) + \
-            len(self._done_last_step)
+        seats = len(self.running)
+        if self._incoming or self._delivered or self._done_held or self._done_last_step:  # (most runs: none)
+            seats += len(self._incoming) + len(self._delivered) + len(self._done_held) + len(self._done_last_step)
+        return seats
 
     @property
     def num_running(self) -> int:

@@ -47,15 +47,16 @@ class WaitingQueue:
     so they are unique and entries never compare requests.
     """
 
-    __slots__ = ("_key", "_ordered", "_heap")
+    __slots__ = ("_key", "_ordered", "_heap", "_size")
 
     def __init__(self, key: Key):
         self._key = key
         self._ordered: deque[tuple[tuple, Request]] = deque()
         self._heap: list[tuple[tuple, Request]] = []
+        self._size = 0  # counted, not summed: the schedulers ask for it several times a plan
 
     def __len__(self) -> int:
-        return len(self._ordered) + len(self._heap)
+        return self._size
 
     def __iter__(self) -> Iterator[Request]:
         """Requests in no particular order (for invariant checks and snapshots)."""
@@ -63,25 +64,23 @@ class WaitingQueue:
 
     def push(self, req: Request) -> None:
         entry = (self._key(req), req)
+        self._size += 1
         if not self._ordered or entry[0] > self._ordered[-1][0]:
             self._ordered.append(entry)
         else:
             heapq.heappush(self._heap, entry)
 
-    def _head_in_heap(self) -> bool:
-        return bool(self._heap) and (not self._ordered or self._heap[0][0] < self._ordered[0][0])
-
     def peek(self) -> Request | None:
         heap, ordered = self._heap, self._ordered
-        if heap and (not ordered or heap[0][0] < ordered[0][0]):  # _head_in_heap(), written out: per plan
+        if heap and (not ordered or heap[0][0] < ordered[0][0]):  # the head is in the heap
             return heap[0][1]
         return ordered[0][1] if ordered else None
 
     def pop(self) -> Request:
         heap, ordered = self._heap, self._ordered
-        if heap and (not ordered or heap[0][0] < ordered[0][0]):
-            return heapq.heappop(heap)[1]
-        return ordered.popleft()[1]
+        entry = heapq.heappop(heap) if heap and (not ordered or heap[0][0] < ordered[0][0]) else ordered.popleft()
+        self._size -= 1  # (after: popping an empty queue raises and leaves the count alone)
+        return entry[1]
 
     # Fair queues track running counts; plain queues have nothing to do.
     def on_admit(self, req: Request) -> None:
@@ -99,20 +98,16 @@ class FairQueue(WaitingQueue):
     the choice is O(tenants).
     """
 
-    __slots__ = ("_by_tenant", "_running", "_weights", "_size")
+    __slots__ = ("_by_tenant", "_running", "_weights")
 
     def __init__(self, weights: list[float], key: Key = lambda r: (r.request_id,)):
         super().__init__(key)
         self._weights = weights
         self._by_tenant: list[list[tuple[tuple, Request]]] = [[] for _ in weights]
         self._running = [0] * len(weights)
-        self._size = 0
-
-    def __len__(self) -> int:
-        return self._size
 
     def __iter__(self) -> Iterator[Request]:
-        return (r for heap in self._by_tenant for _, r in heap)
+        return map(_second, chain.from_iterable(self._by_tenant))
 
     def push(self, req: Request) -> None:
         heapq.heappush(self._by_tenant[req.tenant], (self._key(req), req))

@@ -135,17 +135,17 @@ class LockstepScheduler(ContinuousScheduler):
 
     # ---------------------------------------------------------------- planning
     def _plan(self, now: float, admit: bool = True) -> StepPlan | Idle:
-        group, running = self._group, self.running
+        group, num_running = self._group, len(self.running)
         if self.repeatable and not self._delivered:
-            if len(running) > len(group) + len(self._prefilling):
+            if num_running > len(group) + len(self._prefilling):
                 self._join_sampled(self._lone_decodes())
             waiting = len(self.waiting)
             # Most plans: every running request a member. The model's rules come down to the group's
             # decodes, when the blocks its members cross into are free (else they go one by one), then
             # admission (which, evicting nobody, leaves the group as it is).
-            if group and len(running) == len(group) and (not waiting or (admit and not self.evicts_at_admission)) \
-                    and self._reserve_group():
-                self._budget = self.token_budget - len(group)
+            if num_running == len(group) and group and \
+                    (not waiting or (admit and not self.evicts_at_admission)) and self._reserve_group():
+                self._budget = self.token_budget - num_running
                 self._sched = {}
                 plan = StepPlan()
                 if waiting:
@@ -180,7 +180,8 @@ class LockstepScheduler(ContinuousScheduler):
     def _reserve_group(self) -> bool:
         """The blocks the members crossing into a new block this step need, taken at once; False (and no
         change) if blocks are short, and then they go one by one (_reserve_decodes_one_by_one)."""
-        if not self._take_for_group(self._phase[self.clock % self.kv.block_size]):
+        n = self._phase[self.clock % self.kv.block_size]
+        if n and not self.kv.take_bulk(n):
             return False
         self._group_reserved = self._granted_all = True
         return True
@@ -221,9 +222,9 @@ class LockstepScheduler(ContinuousScheduler):
             return scheduled
         members = self._members or self._members_now()
         plan.decodes = (*members, *plan.decodes) if scheduled else members
-        plan.decode_seqs += len(members)
-        plan.kv_tokens += self._group_context + len(members) * self.clock
-        self._members_planned = len(members)
+        n = self._members_planned = len(members)
+        plan.decode_seqs += n
+        plan.kv_tokens += self._group_context + n * self.clock
         return True
 
     def _members_now(self) -> tuple[Request, ...]:
@@ -275,7 +276,7 @@ class LockstepScheduler(ContinuousScheduler):
                 if not self._reserve(req, 1, now, plan):
                     self._budget += self._sched.pop(req)  # stalls, keeping its blocks
                 continue
-            while not self._take_for_group(1):
+            while not self.kv.take_bulk(1):
                 victim = self._pick_victim(exclude=req)
                 if victim is None:
                     self._leave(req)  # stalls: out of the lockstep until it samples again
@@ -316,10 +317,6 @@ class LockstepScheduler(ContinuousScheduler):
         del self._group[req]
         self._members = None
         req.leave_lockstep(clock - joined, self.last_end_s, clock - 1)
-
-    def _take_for_group(self, n: int) -> bool:
-        """``n`` more blocks for the members, taken in bulk; False (and no change) if short."""
-        return not n or self.kv.take_bulk(n)
 
     def steps_since(self, req: Request) -> int:
         """Steps a member has advanced since it joined (its stored counters are those of then)."""
