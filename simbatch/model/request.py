@@ -109,10 +109,5 @@ class Request:
         return len(self.host_block_ids)
 
     @property
-    def remaining_tokens(self) -> int:
-        """Known tokens not yet in the KV cache; 1 for a decoding request."""
-        return self.prompt_tokens + self.num_generated - self.num_computed_tokens
-
-    @property
     def done(self) -> bool:
         return self.num_generated >= self.output_tokens

@@ -284,7 +284,8 @@ class ContinuousScheduler(BaseScheduler):
         about to be admitted on a prefix-cache hit, the ``cached_tokens`` it will not compute)."""
         if not req.prefill_pending:
             return 1 if self._budget >= 1 else 0
-        remaining = req.remaining_tokens - cached_tokens
+        # Its known tokens not yet in the KV cache, and not among the cached ones.
+        remaining = req.prompt_tokens + req.num_generated - req.num_computed_tokens - cached_tokens
         if self.chunked or req.num_generated > 0:  # recompute is always splittable
             return min(remaining, self._budget, self.chunk_cap)
         return remaining if remaining <= self._budget else 0
@@ -347,17 +348,19 @@ class ContinuousScheduler(BaseScheduler):
         """
         waiting, kv, cache = self.waiting, self.kv, self._cache
         passed_over: list[Request] | None = None
+        seats = self._seats_taken()  # counted on as this loop takes them, and again if it evicts
         while self._budget > 0:
             req = waiting.peek()
             if req is None:
                 break
-            full = self._seats_taken() >= self.max_num_seqs
+            full = seats >= self.max_num_seqs
             if self._receives and self._remote(req):
                 # Its KV comes whole from elsewhere: it needs the blocks and a slot, no budget.
                 # First come, first served: the head waits for room, and nobody overtakes it.
                 if full or blocks_for(req.num_computed_tokens, kv.block_size) > kv.device.num_free:
                     break
                 self._hold(waiting.pop(), now)
+                seats += 1
                 continue
             if self._admits and not full and not all(ok(req) for ok in self._admits):
                 # A feature's rule refuses it this step (max_loras): vLLM skips it, whatever the policy.
@@ -373,6 +376,7 @@ class ContinuousScheduler(BaseScheduler):
                     cache.take_cached(req, n) if cached else
                     blocks_for(req.num_computed_tokens + n, kv.block_size) <= kv.device.num_free):
                 if n and self.evicts_at_admission and self._evict_for(req, now, plan):
+                    seats = self._seats_taken()
                     continue
                 if self.head_of_line_blocking or full or not kv.device.num_free:
                     break
@@ -392,6 +396,7 @@ class ContinuousScheduler(BaseScheduler):
                 self._prefilling[req] = None
             plan.admit(req)
             self._take(req, n)
+            seats += 1
             for hook in self._admitted:
                 hook(req)
         if passed_over:

@@ -268,7 +268,7 @@ class LockstepScheduler(ContinuousScheduler):
             self._take(req, 1)
             if (req.num_computed_tokens + bs) // bs > req.blocks:
                 needers.append(req)
-        needers.sort(key=lambda r: r.admitted_seq)
+        needers.sort(key=_admission_order)
         for req in needers:
             if req.status is not RUNNING:
                 continue  # preempted earlier in this loop
