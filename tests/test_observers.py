@@ -82,8 +82,7 @@ class EventLog(Observer):
         if not self.members:
             return plan.batch_size, plan.decode_seqs, plan.prefill_tokens
         if self._last[0] is not plan:  # (held here, so no other plan can take its id)
-            self._last = plan, tuple(sorted([*((r.request_id, 1) for r in plan.decodes),
-                                             *((r.request_id, n) for r, n in plan.slices)]))
+            self._last = plan, tuple(sorted((r.request_id, n) for r, n in plan.scheduled))
         return self._last[1]
 
     def step(self, replica, start_s, duration_s, plan, done):

@@ -3,8 +3,9 @@
 One SimPy process sends each request at its arrival instant: the cluster cap (``max_in_flight``), the
 router (reading live replicas, or snapshots taken ``signal_delay_ms`` earlier by a second process),
 then the chosen replica's own checks, and the replica's queue. (A lone replica that runs ahead of
-SimPy's clock takes its requests itself, through the same steps, as its clock passes them: :class:`Feed`.) The replicas run on their own
-(:mod:`simbatch.engine.replica`, accelerated under ``sim.fast_forward``: :mod:`simbatch.engine.accel`).
+SimPy's clock takes its requests itself, through the same steps, as its clock passes them: :class:`Feed`.)
+The replicas run on their own (:mod:`simbatch.engine.replica`, accelerated under ``sim.fast_forward``:
+:mod:`simbatch.engine.accel`).
 
 Time is kept in integer nanoseconds (:mod:`simbatch.model.clock`, which also states the tie rule: at one
 instant, the clock stop, then arrivals and snapshots, then the engines). Arrivals and snapshots are
@@ -338,10 +339,11 @@ class Feed:
     one. Everything an arrival does is the cluster's as before (:meth:`Engine._arrive`).
     """
 
-    __slots__ = ("_engine", "_replica", "_rows", "_next")
+    __slots__ = ("_engine", "_replica", "_rows", "_latency_ns", "_next")
 
     def __init__(self, engine: Engine, replica: Replica):
         self._engine, self._replica, self._rows = engine, replica, engine._rows()
+        self._latency_ns = engine._request_latency_ns  # received this long after it was sent, as _arrivals does
         self._next = None
         self._advance()
 
@@ -352,9 +354,8 @@ class Feed:
             self._engine._close()  # (sets the replica's next_arrival_ns to inf)
             return
         i, (t, t_s, *request) = row
-        latency_ns = self._engine._request_latency_ns
-        if latency_ns:
-            t += latency_ns
+        if self._latency_ns:
+            t += self._latency_ns
             t_s = t / NS_PER_S
         self._next = i, t, t_s, request
         self._replica.next_arrival_ns = t

@@ -177,7 +177,7 @@ class Replica:
                 yield env.timeout(wake_ns - env.now)
                 feed.receive_until(env.now)
                 return
-        self._wake = self.env.event()
+        self._wake = env.event()
         # A timer due at a time the grid rounds below ``now`` still waits one tick: time advances.
         yield self._wake if answer is IDLE else \
             (self._wake | self.env.timeout(max(1, ceil_ns(answer.time_s) - self.env.now)))
