@@ -170,17 +170,16 @@ class Replica:
     def _sleep(self, answer: SleepUntil | Idle):
         """Wait for an arrival, or until the scheduler's timer falls due."""
         env, feed = self.env, self.feed
+        # A timer due at a time the grid rounds below ``now`` still waits one tick: time advances.
+        timer_ns = None if answer is IDLE else max(1, ceil_ns(answer.time_s) - env.now)
         if feed is not None:  # nobody sends: wake for the next arrival, or the timer, whichever comes first
-            wake_ns = self.next_arrival_ns if answer is IDLE else \
-                min(self.next_arrival_ns, env.now + max(1, ceil_ns(answer.time_s) - env.now))
+            wake_ns = self.next_arrival_ns if timer_ns is None else min(self.next_arrival_ns, env.now + timer_ns)
             if wake_ns < math.inf:
                 yield env.timeout(wake_ns - env.now)
                 feed.receive_until(env.now)
                 return
         self._wake = env.event()
-        # A timer due at a time the grid rounds below ``now`` still waits one tick: time advances.
-        yield self._wake if answer is IDLE else \
-            (self._wake | self.env.timeout(max(1, ceil_ns(answer.time_s) - self.env.now)))
+        yield self._wake if timer_ns is None else (self._wake | env.timeout(timer_ns))
         self._wake = None
 
     def _moved(self, plan: StepPlan, now_s: float) -> None:
