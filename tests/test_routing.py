@@ -141,9 +141,12 @@ def test_a_comparison_of_routers_draws_their_gain(tmp_path):
     assert "routing_gain.png" not in {p.name for p in save_compare_plots(tmp_path / "same", same)}
 
 
-def test_next_taken_is_what_an_allocation_would_take_from_the_queue():
-    """What the prefix_affinity router treats as evicted inside an accelerated run of steps."""
+def test_num_kept_is_what_an_allocation_would_leave_of_a_run_of_cached_blocks():
+    """What the prefix_affinity router treats as evicted inside an accelerated run of steps: the run's
+    blocks up to the first one an allocation of n blocks would take."""
     import copy
+
+    import numpy as np
 
     from simbatch.memory.prefix_cache import CachingBlockPool
 
@@ -151,8 +154,36 @@ def test_next_taken_is_what_an_allocation_would_take_from_the_queue():
     held = pool.allocate(8)
     pool.free(held[:5])            # queued tail-first: 4, 3, 2, 1, 0
     pool.touch([2])                # a lookup took block 2 back off the queue
-    assert pool.next_taken(2).tolist() == []                 # two never-used blocks come first
-    for n in (3, 5, 6):
-        ahead = copy.deepcopy(pool).allocate(n)
-        assert pool.next_taken(n).tolist() == [b for b in ahead if b < 8]
-    assert pool.next_taken(5).tolist() == [4, 3, 1]
+    pool.free(held[5:6])           # block 5 queued behind 0
+    runs = [np.array(r, np.int64) for r in ([0, 1, 2], [2, 6], [3, 4], [5], [1, 2, 0], [])]
+    assert [pool.num_kept(r, 2) for r in runs] == [len(r) for r in runs]  # two never-used blocks come first
+    for n in range(1, pool.num_free + 1):
+        taken = set(copy.deepcopy(pool).allocate(n))
+        for run in runs:
+            expect = next((i for i, b in enumerate(run.tolist()) if b in taken), len(run))
+            assert pool.num_kept(run, n) == expect, (n, run)
+    assert pool.num_kept(np.array([2, 6, 1]), 5) == 2   # takes 8, 9, then 4, 3, 1: block 1 is gone
+
+def test_num_kept_agrees_with_an_allocation_on_a_long_queue_with_stale_entries():
+    """Many frees and touches leave stale entries before the live ones the allocation reaches."""
+    import copy
+
+    import numpy as np
+
+    from simbatch.memory.prefix_cache import CachingBlockPool
+
+    rng = np.random.default_rng(7)
+    pool = CachingBlockPool(400)
+    held = pool.allocate(400)
+    for _ in range(300):
+        pool.free(held[:20])
+        pool.touch(held[:20])
+        held = held[20:] + held[:20]
+    pool.free(held[:350])
+    pool.touch(held[100:300:3])
+    for _ in range(30):
+        n = int(rng.integers(1, pool.num_free + 1))
+        run = np.array(rng.choice(400, size=12, replace=False), np.int64)
+        taken = set(copy.deepcopy(pool).allocate(n))
+        expect = next((i for i, b in enumerate(run.tolist()) if b in taken), len(run))
+        assert pool.num_kept(run, n) == expect, (n, run)

@@ -32,7 +32,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import numpy as np
 import simpy
 
 from simbatch.config import Scenario
@@ -136,9 +135,7 @@ class Replica:
         # at a time has taken those of the steps begun so far, evicting what they took: not found.
         pending = self.kv_blocks_used - self.scheduler.kv_blocks_used if self._run_durations is not None else 0
         if pending > 0 and len(hits):
-            gone = np.isin(hits, kv.device.next_taken(pending))
-            if gone.any():
-                return int(gone.argmax()) * bs
+            return kv.device.num_kept(hits, pending) * bs
         return len(hits) * bs
 
     @property

@@ -279,16 +279,32 @@ class CachingBlockPool(BlockPool):
         self._head = h + int(live[n - 1]) + 1
         return ahead[live[:n]]
 
-    def next_taken(self, n: int) -> np.ndarray:
-        """The blocks from the queue that allocating ``n`` blocks now would take, in order (never-used
-        blocks go first and are not listed); read only. What a step-by-step engine has evicted by an
-        instant inside a run of steps whose blocks the accelerated one takes at the run's end."""
+    def num_kept(self, ids: np.ndarray, n: int) -> int:
+        """How many of ``ids`` (cached blocks, a lookup's run), from the first, allocating ``n`` blocks
+        now would leave in place; read only. What a step-by-step engine still finds at an instant inside
+        a run of steps whose blocks the accelerated one takes at the run's end.
+
+        Never-used blocks go first; then the queue's live entries, oldest first. A free block's place
+        is its live entry's, so the blocks taken are the free ones placed no later than the entry that
+        the allocation's last block would come from."""
         k = n - (self.num_blocks - self._next_unused)
         if k <= 0:
-            return _NO_BLOCKS
-        h, t = self._head, self._tail
-        entries = self._queue[h:t]
-        return entries[self._queue_seq[entries] == self._places[h:t]][:k]
+            return len(ids)
+        free = self._ref[ids] == 0
+        if not free.any():
+            return len(ids)
+        # The k-th live entry, looking at as much of the queue as may hold it (as _dequeue does).
+        queue, seq, h, t = self._queue, self._queue_seq, self._head, self._tail
+        window = 2 * k + 32
+        while True:
+            ahead = queue[h:min(h + window, t)]
+            live = np.flatnonzero(seq[ahead] == self._places[h:h + len(ahead)])
+            if len(live) >= k or h + window >= t:
+                break
+            window *= 4
+        last_place = h + int(live[k - 1]) + 1 if len(live) >= k else t
+        gone = free & (seq[ids] <= last_place)
+        return int(gone.argmax()) if gone.any() else len(ids)
 
     def free(self, ids: Sequence[int]) -> None:
         """Drop one reference to each block; the unreferenced join the queue, the request's last
