@@ -21,7 +21,7 @@ lint: install
 	$(BIN)/ruff check simbatch tests benchmarks scripts
 
 # The tests run on two workers (pytest-xdist; the machines have two cores); TEST_WORKERS=0 runs them in
-# one process. `make validate` stays in one: its report is written from the whole session (it spreads
+# one process. Tests marked with one xdist_group share a worker, and so the costly fixture they share. `make validate` stays in one: its report is written from the whole session (it spreads
 # its replications over a process pool itself).
 TEST_WORKERS ?= 2
 # The workers, notebook kernels and CLI subprocesses import the same modules: byte-code caches (in the
@@ -29,7 +29,7 @@ TEST_WORKERS ?= 2
 # sets PYTHONDONTWRITEBYTECODE.
 
 test: install lint
-	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n $(TEST_WORKERS)
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 validate: install
 	SIMBATCH_VALIDATION=full $(BIN)/python -m pytest tests/validation -m validation

@@ -19,6 +19,10 @@ sys.modules["gen_errors_doc"] = gen  # its dataclasses look their module up by n
 _spec.loader.exec_module(gen)
 
 
+# One worker takes every case (make test distributes by group): the cases run once, not once per worker.
+pytestmark = pytest.mark.xdist_group("errors_doc")
+
+
 @pytest.fixture(scope="module")
 def outcomes() -> dict[str, object]:
     """Every case run once, shared by the per-case checks and the page."""

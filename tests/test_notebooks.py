@@ -239,7 +239,8 @@ def trace_lesson_without_traces(tmp_path_factory) -> tuple[Path, nbformat.Notebo
         return empty, runner.check(runner.NOTEBOOK_DIR / TRACE_LESSON, small=True)
 
 
-@pytest.mark.parametrize("name", LESSONS)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xdist_group("trace_lesson")) if n == TRACE_LESSON
+                                  else n for n in LESSONS])
 def test_lesson_runs_top_to_bottom_in_a_fresh_process(name, request):
     """Any failing cell raises CellExecutionError, naming the cell and its traceback. Where the trace
     lesson would find no Azure traces anyway (a clone without ../shared, CI), its run without them
@@ -583,6 +584,7 @@ def test_prose_quotes_what_the_run_printed(name, prose, printed):
     assert re.search(printed, _printed(nb)), f"{name}: the saved run does not print {printed!r}; re-read the prose"
 
 
+@pytest.mark.xdist_group("trace_lesson")  # on the worker that runs lesson 10: the fixture's run is shared
 def test_trace_lesson_runs_without_the_azure_traces(trace_lesson_without_traces):
     """Where ../shared/data/traces is absent (SIMBATCH_TRACE_DIR names an empty folder here), lesson 10
     says so and replays the shipped sample trace instead of failing."""
