@@ -88,10 +88,11 @@ def _p99(result) -> float:
 def test_prefix_affinity_cuts_the_p99_ttft_of_round_robin(sim, check, mode):
     """scenarios/cache_routing.yaml's traffic (300 s, ~6,000 requests), paired by seed; the first
     minutes, caches cold and queues short, are where prefix_affinity's warm replica is hottest, so a
-    shorter run does not show the gain."""
+    shorter run does not show the gain. Three seeds in the quick mode: seeds 0-2 give a log ratio of 3.98
+    +- 1.57 (the full run: 4.05 +- 0.14 over twelve, docs/validation.md), an interval far above 0."""
     from simbatch.inputs.loading import load_scenario
 
-    seeds = range(mode.pick(5, 12))
+    seeds = range(mode.pick(3, 12))
     base = load_scenario(SCENARIO).model_dump(mode="json", exclude_unset=True)
     specs = [{**base, "seed": seed, "cluster": {"replicas": N, "router": router}}
              for seed in seeds for router in ("round_robin", "prefix_affinity")]
