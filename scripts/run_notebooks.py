@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import os
 import re
 import sys
@@ -103,7 +104,7 @@ def check(path: Path, *, small: bool, timeout_s: int = 180) -> nbformat.Notebook
     The process is forked from one that has already imported what the lessons import (multiprocessing's
     forkserver, started once per calling process and preloaded with every module a lesson's cells
     import), so a lesson pays neither a kernel's start nor the imports of matplotlib, pandas, SciPy and
-    simbatch: about 1.5 s of its 3 to 12. Forked from that server, not from the caller, each lesson
+    simbatch, which are most of a short lesson's time. Forked from that server, not from the caller, each lesson
     starts from the same state whatever ran before it. The cells run in IPython, as in a kernel, with
     the kernel's environment (``SIMBATCH_NOTEBOOK_SMALL``, a headless slider switch); figures are drawn
     on Agg after each cell and closed, as the inline backend draws and closes them, but not embedded:
@@ -149,31 +150,30 @@ def check(path: Path, *, small: bool, timeout_s: int = 180) -> nbformat.Notebook
 _FORK_PRELOAD = ("IPython.core.interactiveshell", "IPython.utils.capture", "matplotlib.pyplot")
 
 
+@functools.cache  # the preload list is read when the server starts, at the first lesson
 def _forkserver():
     """The forkserver context, its server preloaded with this module and every module a lesson imports
     (names that are not modules, such as ``from simbatch.model import cost``'s ``cost``, are skipped by
     the server)."""
     import multiprocessing
 
+    modules = {*_FORK_PRELOAD, __name__}
+    for path in notebooks():
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type != "code":
+                continue
+            try:
+                tree = ast.parse(cell.source)
+            except SyntaxError:  # a cell of IPython magics: check() runs it, the server need not read it
+                continue
+            for node in tree.body:
+                if isinstance(node, ast.Import):
+                    modules.update(alias.name for alias in node.names)
+                elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                    modules.add(node.module)
+                    modules.update(f"{node.module}.{alias.name}" for alias in node.names)
     context = multiprocessing.get_context("forkserver")
-    if not getattr(_forkserver, "preloaded", False):
-        modules = {*_FORK_PRELOAD, __name__}
-        for path in notebooks():
-            for cell in nbformat.read(path, as_version=4).cells:
-                if cell.cell_type != "code":
-                    continue
-                try:
-                    tree = ast.parse(cell.source)
-                except SyntaxError:
-                    continue
-                for node in tree.body:
-                    if isinstance(node, ast.Import):
-                        modules.update(alias.name for alias in node.names)
-                    elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                        modules.add(node.module)
-                        modules.update(f"{node.module}.{alias.name}" for alias in node.names)
-        context.set_forkserver_preload(sorted(modules))
-        _forkserver.preloaded = True
+    context.set_forkserver_preload(sorted(modules))
     return context
 
 
@@ -204,7 +204,7 @@ def _run_cells(conn, folder: str, env: dict, sources: list[str]) -> None:
             try:
                 for figure in map(plt.figure, plt.get_fignums()):
                     figure.canvas.draw()  # what fails only when drawn (a label's mathtext, say) fails here too
-            except Exception as exc:  # noqa: BLE001 - the cell's failure, reported as the kernel would
+            except Exception as exc:  # the cell's failure, as the inline backend's draw would report it
                 error = error or exc
             plt.close("all")
         printed.append((out.stdout, out.stderr))
