@@ -21,8 +21,9 @@ lint: install
 	$(BIN)/ruff check simbatch tests benchmarks scripts
 
 # The tests run on two workers (pytest-xdist; the machines have two cores); TEST_WORKERS=0 runs them in
-# one process. Tests marked with one xdist_group share a worker, and so the costly fixture they share. `make validate` stays in one: its report is written from the whole session (it spreads
-# its replications over a process pool itself).
+# one process. Tests marked with one xdist_group run on one worker, so a costly fixture they share is
+# made once. `make validate` stays in one process: its report is written from the whole session (it
+# spreads its replications over a process pool itself).
 TEST_WORKERS ?= 2
 # The workers, notebook kernels and CLI subprocesses import the same modules: byte-code caches (in the
 # ignored __pycache__ folders) let all but the first skip compiling them, even where the environment

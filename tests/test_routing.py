@@ -164,6 +164,7 @@ def test_num_kept_is_what_an_allocation_would_leave_of_a_run_of_cached_blocks():
             assert pool.num_kept(run, n) == expect, (n, run)
     assert pool.num_kept(np.array([2, 6, 1]), 5) == 2   # takes 8, 9, then 4, 3, 1: block 1 is gone
 
+
 def test_num_kept_agrees_with_an_allocation_on_a_long_queue_with_stale_entries():
     """Many frees and touches leave stale entries before the live ones the allocation reaches."""
     import copy
