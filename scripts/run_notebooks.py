@@ -68,6 +68,12 @@ def execute(path: Path, *, small: bool, timeout_s: int | None = None, attempts: 
     raise AssertionError("unreachable")
 
 
+def _lesson_env(small: bool, backend: str) -> dict[str, str]:
+    """The environment a lesson runs in: the caller's, with the SMALL switch, ``backend`` for
+    matplotlib, and no live slider panels (simbatch.app.teaching.widgets.sliders)."""
+    return {**os.environ, SMALL_ENV: "1" if small else "0", "MPLBACKEND": backend, "SIMBATCH_HEADLESS_KERNEL": "1"}
+
+
 def _execute_once(path: Path, *, small: bool, timeout_s: int) -> nbformat.NotebookNode:
     nb = nbformat.read(path, as_version=4)
     for cell in nb.cells:
@@ -80,8 +86,7 @@ def _execute_once(path: Path, *, small: bool, timeout_s: int) -> nbformat.Notebo
     client = NotebookClient(nb, km=km, timeout=timeout_s, record_timing=False, shutdown_kernel="immediate",
                             resources={"metadata": {"path": str(path.parent)}})
     # Inline figures whatever MPLBACKEND the caller has set: the plots must land in the outputs.
-    env = {**os.environ, SMALL_ENV: "1" if small else "0", "MPLBACKEND": "module://matplotlib_inline.backend_inline",
-           "SIMBATCH_HEADLESS_KERNEL": "1"}  # no live slider panels (simbatch.app.teaching.widgets.sliders)
+    env = _lesson_env(small, "module://matplotlib_inline.backend_inline")
     # cleanup_kc: shut the kernel down afterwards. nbclient leaves a kernel it did not create running,
     # and a dozen idle kernels per test worker is memory and sockets nobody uses.
     client.execute(env=env, cleanup_kc=True)
@@ -116,7 +121,7 @@ def check(path: Path, *, small: bool, timeout_s: int = 180) -> nbformat.Notebook
 
     nb = nbformat.read(path, as_version=4)
     cells = [c for c in nb.cells if c.cell_type == "code"]
-    env = {**os.environ, SMALL_ENV: "1" if small else "0", "MPLBACKEND": "Agg", "SIMBATCH_HEADLESS_KERNEL": "1"}
+    env = _lesson_env(small, "Agg")
     context = _forkserver()
     receive, send = context.Pipe(duplex=False)
     child = context.Process(target=_run_cells, args=(send, str(path.parent), env, [c.source for c in cells]),

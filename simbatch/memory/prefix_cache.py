@@ -268,16 +268,21 @@ class CachingBlockPool(BlockPool):
         if _all(seq[head] == self._places[h:h + n]):  # no stale entry
             self._head = h + n
             return head
-        # Look at as much of the queue as may hold n live entries, not all of it.
-        window = 2 * n + 32
-        while True:
-            ahead = queue[h:min(h + window, self._tail)]
-            live = np.flatnonzero(seq[ahead] == self._places[h:h + len(ahead)])
-            if len(live) >= n or h + window >= self._tail:
-                break
-            window *= 4
+        ahead, live = self._live_ahead(n)
         self._head = h + int(live[n - 1]) + 1
         return ahead[live[:n]]
+
+    def _live_ahead(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The queue's entries from its head, as far as may hold ``n`` live ones (not all of it, unless
+        fewer are live), and the offsets of the live ones among them."""
+        queue, seq, h, t = self._queue, self._queue_seq, self._head, self._tail
+        window = 2 * n + 32
+        while True:
+            ahead = queue[h:min(h + window, t)]
+            live = np.flatnonzero(seq[ahead] == self._places[h:h + len(ahead)])
+            if len(live) >= n or h + window >= t:
+                return ahead, live
+            window *= 4
 
     def num_kept(self, ids: np.ndarray, n: int) -> int:
         """How many of ``ids`` (cached blocks, a lookup's run), from the first, allocating ``n`` blocks
@@ -293,17 +298,9 @@ class CachingBlockPool(BlockPool):
         free = self._ref[ids] == 0
         if not free.any():
             return len(ids)
-        # The k-th live entry, looking at as much of the queue as may hold it (as _dequeue does).
-        queue, seq, h, t = self._queue, self._queue_seq, self._head, self._tail
-        window = 2 * k + 32
-        while True:
-            ahead = queue[h:min(h + window, t)]
-            live = np.flatnonzero(seq[ahead] == self._places[h:h + len(ahead)])
-            if len(live) >= k or h + window >= t:
-                break
-            window *= 4
-        last_place = h + int(live[k - 1]) + 1 if len(live) >= k else t
-        gone = free & (seq[ids] <= last_place)
+        _, live = self._live_ahead(k)  # the allocation's last block is the k-th live entry's
+        last_place = self._head + int(live[k - 1]) + 1 if len(live) >= k else self._tail
+        gone = free & (self._queue_seq[ids] <= last_place)
         return int(gone.argmax()) if gone.any() else len(ids)
 
     def free(self, ids: Sequence[int]) -> None:
