@@ -225,13 +225,13 @@ def _corruptions(fast_forward: bool) -> list:
         s.waiting.push(running[0])
 
     def waiting_holds_a_block(s, running, waiting):
-        waiting.block_ids = s.kv.device.allocate(1)
+        s.kv.allocate_slots(waiting, 1)
 
     def running_not_running(s, running, waiting):
         running[0].status = waiting.status
 
     def leaked_block(s, running, waiting):
-        s.kv.device.allocate(1)
+        s.kv.device.take(1)  # taken behind the manager's back: held by nobody
 
     def host_block_from_nowhere(s, running, waiting):
         waiting.host_block_ids = [0]
@@ -250,7 +250,7 @@ def _corruptions(fast_forward: bool) -> list:
             waiting.lockstep = s  # its counters would read through the group
 
         cases += [(group_context, "lockstep group context drifted"),
-                  (group_holds_an_extra_block, "block counts disagree with the blocks held"),
+                  (group_holds_an_extra_block, "device blocks not conserved"),
                   (waiting_in_the_group, "a waiting request reads its counters through a group")]
     else:
         def prefilling(s, running, waiting):

@@ -49,25 +49,28 @@ def test_pool_catches_a_double_free():
         pool.free([0, 1, 1])
 
 
-def test_allocate_slots_adds_blocks_only_at_boundaries():
-    kv = KVCacheManager(KVCache(block_size=4, num_blocks=10))
+@pytest.mark.parametrize("caching", [False, True])
+def test_allocate_slots_adds_blocks_only_at_boundaries(caching):
+    kv = KVCacheManager(KVCache(block_size=4, num_blocks=10, enable_prefix_caching=caching))
     r = request()
-    assert kv.allocate_slots(r, 6) == [0, 1] and r.blocks == 2
-    assert kv.num_blocks_to_allocate(r, 8) == 0 and kv.allocate_slots(r, 8) == [] and r.blocks == 2
-    assert kv.num_blocks_to_allocate(r, 9) == 1 and kv.allocate_slots(r, 9) == [2] and r.block_ids == [0, 1, 2]
+    assert kv.allocate_slots(r, 6) == 2 and r.blocks == 2
+    assert kv.num_blocks_to_allocate(r, 8) == 0 and kv.allocate_slots(r, 8) == 0 and r.blocks == 2
+    assert kv.num_blocks_to_allocate(r, 9) == 1 and kv.allocate_slots(r, 9) == 1 and r.blocks == 3
     r.num_computed_tokens = 9
-    assert kv.allocate_slots(r, 3) == [] and r.blocks == 3  # 12 tokens fit in 3 blocks
-    assert kv.allocate_slots(r, 4) == [3] and kv.device.num_free == 6
+    assert kv.allocate_slots(r, 3) == 0 and r.blocks == 3  # 12 tokens fit in 3 blocks
+    assert kv.allocate_slots(r, 4) == 1 and kv.device.num_free == 6
+    # Numbers only where prefix caching shares blocks by them (in vLLM's order: never-used ones first).
+    assert list(r.block_ids) == ([0, 1, 2, 3] if caching else [])
 
 
 def test_allocate_slots_refuses_without_change_when_short():
     kv = KVCacheManager(KVCache(block_size=4, num_blocks=3))
     a, b = request(0), request(1)
-    assert kv.allocate_slots(a, 8) == [0, 1]
+    assert kv.allocate_slots(a, 8) == 2
     assert kv.allocate_slots(b, 5) is None  # needs 2, 1 free
-    assert (b.block_ids, kv.device.num_free) == ((), 1)
+    assert (b.blocks, kv.device.num_free) == (0, 1)
     assert kv.allocate_slots(a, 13) is None  # needs 2 more
-    assert (a.block_ids, kv.device.num_free) == ([0, 1], 1)
+    assert (a.blocks, kv.device.num_free) == (2, 1)
 
 
 def test_release_returns_every_block():
@@ -86,7 +89,7 @@ def test_swap_round_trip_moves_blocks_between_pools():
     assert kv.swap_out(r)
     assert (r.blocks, r.host_block_ids, kv.device.num_free, kv.host.num_free) == (0, [0, 1, 2], 10, 2)
     assert kv.swap_in(r)
-    assert (r.block_ids, r.swapped_blocks, kv.device.num_free, kv.host.num_free) == ([3, 4, 5], 0, 7, 5)
+    assert (r.blocks, r.swapped_blocks, kv.device.num_free, kv.host.num_free) == (3, 0, 7, 5)
 
 
 def test_swap_out_saves_the_computed_tokens_and_frees_blocks_reserved_for_uncomputed_ones():
@@ -120,10 +123,10 @@ def test_allocate_together_is_all_or_nothing_and_reserves_the_bulk_share():
     kv = KVCacheManager(KVCache(block_size=4, num_blocks=5))
     a, b = request(0), request(1)
     assert kv.allocate_together([(a, 5), (b, 4)], bulk_blocks=2)
-    # Without prefix caching the bulk share is counted out of the free blocks and numbered when assigned.
-    assert (kv.num_bulk, a.block_ids, b.block_ids, kv.device.num_free) == (2, [0, 1], [2], 0)
+    # Without prefix caching the bulk share is counted out of the free blocks, held by nobody yet.
+    assert (kv.num_bulk, a.blocks, b.blocks, kv.device.num_free) == (2, 2, 1, 0)
     c = request(2)
-    assert not kv.allocate_together([(c, 1)]) and c.block_ids == ()
+    assert not kv.allocate_together([(c, 1)]) and c.blocks == 0
 
 
 def test_with_prefix_caching_the_bulk_share_is_taken_first_by_number():
@@ -141,10 +144,10 @@ def test_blocks_taken_in_bulk_are_held_until_assigned():
     assert kv.device.num_free == 1
     kv.assign_bulk(a, 2)
     kv.assign_bulk(b, 1)
-    assert (a.block_ids, b.block_ids, kv.num_bulk) == ([0, 1], [2], 0)
+    assert (a.blocks, b.blocks, kv.num_bulk, kv.device.num_free) == (2, 1, 0, 1)
     kv.check_conservation([a, b], [])
     assert kv.take_bulk(1)  # taken in bulk for no member: no request counts it
-    with pytest.raises(AssertionError, match="block counts disagree with the blocks held"):
+    with pytest.raises(AssertionError, match="device blocks not conserved"):
         kv.check_conservation([a, b], [])
 
 
@@ -165,22 +168,36 @@ def test_reserve_batch_shares_one_reservation_among_the_slots():
     kv = KVCacheManager(KVCache(block_size=4, num_blocks=8))
     batch = [request(i) for i in range(3)]
     assert kv.reserve_batch(batch, 7)
-    assert [r.block_ids for r in batch] == [[0, 1, 2], [3, 4], [5, 6]]
+    assert [r.blocks for r in batch] == [3, 2, 2]
     assert not kv.reserve_batch([request(3)], 2) and kv.device.num_free == 1
     assert kv.release_batch(batch) == 7 and kv.device.num_free == 8
 
 
-def test_the_conservation_check_catches_a_block_held_twice_or_held_and_free():
+def test_the_conservation_check_catches_counts_that_do_not_add_up():
     kv = KVCacheManager(KVCache(block_size=4, num_blocks=4))
     a, b = request(0), request(1)
     kv.allocate_slots(a, 8)
     kv.allocate_slots(b, 4)
     kv.check_conservation([a, b], [])
-    b.block_ids = [1]  # a's block, and block 2 neither free nor held
-    with pytest.raises(AssertionError, match="held twice"):
+    b.blocks = 2  # a block from nowhere
+    with pytest.raises(AssertionError, match="device blocks not conserved"):
+        kv.check_conservation([a, b], [])
+    b.blocks, b.block_ids = 1, [2]
+    with pytest.raises(AssertionError, match="lists blocks nobody numbers"):
+        kv.check_conservation([a, b], [])
+
+
+def test_with_prefix_caching_the_conservation_check_catches_a_block_lost_or_held_and_free():
+    kv = KVCacheManager(KVCache(block_size=4, num_blocks=4, enable_prefix_caching=True))
+    a, b = request(0), request(1)
+    kv.allocate_slots(a, 8)
+    kv.allocate_slots(b, 4)
+    kv.check_conservation([a, b], [])
+    b.block_ids = [1]  # a's block (shared without a reference), and block 2 neither free nor held
+    with pytest.raises(AssertionError, match="device blocks not conserved"):
         kv.check_conservation([a, b], [])
     b.block_ids = [3]  # a free block
-    with pytest.raises(AssertionError, match="held twice"):
+    with pytest.raises(AssertionError, match="held twice, or held and free"):
         kv.check_conservation([a, b], [])
 
 
@@ -189,19 +206,20 @@ OPS = st.lists(st.tuples(st.sampled_from(["grow", "compute", "release", "swap_ou
 
 
 @settings(max_examples=60, deadline=None)
-@given(num_blocks=st.integers(1, 12), swap_blocks=st.integers(0, 12), ops=OPS)
-def test_blocks_are_conserved_under_any_sequence_of_moves(num_blocks, swap_blocks, ops):
-    kv = KVCacheManager(KVCache(block_size=4, num_blocks=num_blocks, swap_blocks=swap_blocks))
+@given(num_blocks=st.integers(1, 12), swap_blocks=st.integers(0, 12), ops=OPS, caching=st.booleans())
+def test_blocks_are_conserved_under_any_sequence_of_moves(num_blocks, swap_blocks, ops, caching):
+    kv = KVCacheManager(KVCache(block_size=4, num_blocks=num_blocks, swap_blocks=swap_blocks,
+                                enable_prefix_caching=caching))
     reqs = [request(i) for i in range(4)]
     for op, i, n in ops:
         r = reqs[i]
         before = (r.blocks, r.swapped_blocks, kv.device.num_free, kv.host.num_free)
         if op == "grow" and not r.swapped_blocks:
             need = kv.num_blocks_to_allocate(r, n)
-            ids = kv.allocate_slots(r, n)
-            assert (ids is None) == (need > before[2])
-            assert ids is None and (r.blocks, r.swapped_blocks, kv.device.num_free, kv.host.num_free) == before \
-                or len(ids) == need
+            added = kv.allocate_slots(r, n)
+            assert (added is None) == (need > before[2])
+            assert added is None and (r.blocks, r.swapped_blocks, kv.device.num_free, kv.host.num_free) == before \
+                or added == need
         elif op == "compute":  # what a finished step does: tokens fill blocks already held
             r.num_computed_tokens = min(n, (r.blocks or r.swapped_blocks) * kv.block_size)
         elif op == "release" and not r.swapped_blocks:
@@ -217,11 +235,11 @@ def test_blocks_are_conserved_under_any_sequence_of_moves(num_blocks, swap_block
 
 
 def test_a_large_pool_has_its_identities_checked_at_regular_calls():
-    kv = KVCacheManager(KVCache(block_size=4, num_blocks=4096))
+    kv = KVCacheManager(KVCache(block_size=4, num_blocks=4096, enable_prefix_caching=True))
     a, b = request(0), request(1)
     kv.allocate_slots(a, 8)
     kv.allocate_slots(b, 4)
-    b.block_ids = [0]  # a's first block: the counts still add up
+    b.block_ids = [3]  # a free block for block 2: the counts still add up
     with pytest.raises(AssertionError, match="held twice"):
         kv.check_conservation([a, b], [])  # the first call checks identities ...
     for _ in range(63):

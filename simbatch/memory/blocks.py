@@ -1,8 +1,10 @@
-"""Blocks: the arithmetic of paged KV memory, and a pool of numbered blocks with vLLM's free-queue order.
+"""Blocks: the arithmetic of paged KV memory, and the pools that hand blocks out.
 
-Every block has an identity, a number in ``0 .. num_blocks - 1``. Free blocks are handed out in
+Where a block's identity is seen (prefix caching shares blocks by number; swapped blocks live on the
+host), a block is a number in ``0 .. num_blocks - 1`` and :class:`BlockPool` hands free ones out in
 vLLM's order: the never-used ones by number, then freed ones in the order they were freed (a block
-that may still be found by the prefix cache is reused as late as possible). A pool knows blocks, not
+that may still be found by the prefix cache is reused as late as possible). Where it is seen nowhere
+(a device without prefix caching), :class:`CountedBlockPool` counts them. A pool knows blocks, not
 requests: who holds which is the KV manager's (:mod:`simbatch.memory.kv`).
 """
 
@@ -33,12 +35,11 @@ class BlockPool:
     ``_freed``, which is handed out from ``_head`` on.
     """
 
-    __slots__ = ("num_blocks", "num_free", "num_reserved", "_next_unused", "_freed", "_head")
+    __slots__ = ("num_blocks", "num_free", "_next_unused", "_freed", "_head")
 
     def __init__(self, num_blocks: int):
         self.num_blocks = num_blocks
         self.num_free = num_blocks
-        self.num_reserved = 0  # set aside by reserve, not yet claimed
         self._next_unused = 0
         self._freed: list[int] = []
         self._head = 0
@@ -69,33 +70,56 @@ class BlockPool:
         self._head = end
         return ids
 
-    def reserve(self, n: int) -> bool:
-        """``n`` free blocks set aside for holders to claim later (:meth:`claim`); False (and no change)
-        if fewer are free. Without prefix caching a block's number is seen nowhere, so which blocks
-        they are is left until they are claimed: they stay in the free queue, counted out of it."""
-        if n > self.num_free:
-            return False
-        self.num_free -= n
-        self.num_reserved += n
-        return True
-
-    def claim(self, n: int) -> list[int]:
-        """``n`` of the reserved blocks, by number."""
-        self.num_reserved -= n
-        self.num_free += n
-        ids = self.allocate(n)
-        assert ids is not None, "claimed more blocks than were reserved"
-        return ids
-
-    def reserved_ids(self) -> Sequence[int]:
-        """The reserved blocks that have their numbers (none here: they are chosen at claim)."""
-        return ()
-
     def free(self, ids: Sequence[int]) -> None:
         self._freed.extend(ids)
         self.num_free += len(ids)
         assert self.num_free <= self.num_blocks, "freed more blocks than were allocated"
 
     def free_ids(self) -> list[int]:
-        """Every block in the free queue, the reserved but unnumbered ones included (for checks: O(num_blocks))."""
+        """Every block in the free queue (for checks: O(num_blocks))."""
         return [*range(self._next_unused, self.num_blocks), *self._freed[self._head:]]
+
+
+class CountedBlockPool:
+    """Blocks whose numbers nobody sees: a device pool without prefix caching.
+
+    Paging leaves no external fragmentation, so which blocks a request holds changes nothing: only how
+    many are free does. This pool counts them, and a request's count of blocks is all it holds. Blocks
+    *reserved* are taken for holders not named yet (a lockstep group's members crossing block
+    boundaries, :mod:`simbatch.engine.accel.lockstep`) and counted apart until claimed.
+    """
+
+    __slots__ = ("num_blocks", "num_free", "num_reserved")
+
+    def __init__(self, num_blocks: int):
+        self.num_blocks = num_blocks
+        self.num_free = num_blocks
+        self.num_reserved = 0
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - self.num_free
+
+    def take(self, n: int) -> bool:
+        """``n`` free blocks taken; False (and no change) if fewer are free."""
+        if n > self.num_free:
+            return False
+        self.num_free -= n
+        return True
+
+    def give_back(self, n: int) -> None:
+        self.num_free += n
+        assert self.num_free <= self.num_blocks, "freed more blocks than were taken"
+
+    def reserve(self, n: int) -> bool:
+        """``n`` free blocks taken for holders named later (:meth:`claim`); False (and no change) if fewer are free."""
+        if n > self.num_free:
+            return False
+        self.num_free -= n
+        self.num_reserved += n
+        return True
+
+    def claim(self, n: int) -> None:
+        """``n`` of the reserved blocks go to a holder (who counts them from now on)."""
+        self.num_reserved -= n
+        assert self.num_reserved >= 0, "claimed more blocks than were reserved"

@@ -2,23 +2,26 @@
 
 (The host KV tier, which keeps what the prefix cache evicts, is :mod:`simbatch.memory.host_tier`.)
 
-Every block has an identity, a number in ``0 .. num_blocks - 1``; a request holds a list of them
-(:attr:`~simbatch.model.request.Request.block_ids`). Which blocks a request gets does not change a run's
-timing today (paging leaves no external fragmentation, so only counts matter), but identities are
-what prefix caching shares and what a trace can show. Free blocks are handed out in vLLM's order:
-the never-used ones by number, then freed ones in the order they were freed (a cached block is
-reused as late as possible).
+A request holds a count of device blocks (:attr:`~simbatch.model.request.Request.blocks`). Which
+blocks they are changes nothing without prefix caching (paging leaves no external fragmentation, so
+only counts matter), and then the device pool only counts them
+(:class:`~simbatch.memory.blocks.CountedBlockPool`). With prefix caching a block's identity is what
+requests share: the pool numbers them, handed out in vLLM's order (the never-used ones by number,
+then freed ones in the order they were freed, a cached block reused as late as possible), and a
+request also lists its own (:attr:`~simbatch.model.request.Request.block_ids`), as swapped ones are
+listed on the host.
 
 :class:`KVCacheManager` is the only writer of both pools, of every request's blocks and of its count of
 computed tokens (the tokens whose KV the blocks hold): schedulers ask it to allocate slots, to record
-computed tokens, release, swap or reserve, and allocation answers with the new blocks or
+computed tokens, release, swap or reserve, and allocation answers with how many blocks it added or
 None, never raising: running out of memory is a scheduling decision (preempt, or wait), not an
 error. (Blocks may be taken in bulk and assigned later, for a lockstep group whose members cross
-block boundaries every step; the device pool holds them reserved meanwhile, numbered when assigned
-unless prefix caching makes their numbers matter at once: see :mod:`simbatch.engine.accel.lockstep`.)
+block boundaries every step; the device pool holds them reserved meanwhile: see
+:mod:`simbatch.engine.accel.lockstep`.)
 
 Invariant, checked by :meth:`KVCacheManager.check_conservation` at every step of the tests: every
-block is free or held, never both, never twice, on the device and on the host alike.
+block is free or held, never both, never twice, on the device and on the host alike (where blocks are
+only counted, the counts add up).
 """
 
 from __future__ import annotations
@@ -32,12 +35,12 @@ from operator import attrgetter
 import numpy as np
 
 from simbatch.config import KVCache
-from simbatch.memory.blocks import BlockPool, blocks_for, peak_kv_tokens
+from simbatch.memory.blocks import BlockPool, CountedBlockPool, blocks_for, peak_kv_tokens
 from simbatch.memory.host_tier import HostTier
 from simbatch.memory.prefix_cache import CachingBlockPool, Content, iter_block_keys
 from simbatch.model.request import Request
 
-__all__ = ["BlockPool", "Content", "KVCacheManager", "blocks_for", "content_of", "lookup_blocks", "peak_kv_tokens"]
+__all__ = ["BlockPool", "Content", "CountedBlockPool", "KVCacheManager", "blocks_for", "content_of", "lookup_blocks", "peak_kv_tokens"]
 
 
 class KVCacheManager:
@@ -51,9 +54,9 @@ class KVCacheManager:
         # The host KV tier (simbatch.memory.host_tier): what the prefix cache evicts, kept in host memory.
         self.host_tier = HostTier(cfg.host_blocks) if self.caching and cfg.host_blocks else None
         if self.caching:
-            self.device: BlockPool = CachingBlockPool(cfg.num_blocks, self.host_tier)
+            self.device: CachingBlockPool | CountedBlockPool = CachingBlockPool(cfg.num_blocks, self.host_tier)
         else:
-            self.device = BlockPool(cfg.num_blocks)
+            self.device = CountedBlockPool(cfg.num_blocks)
         self.host = BlockPool(cfg.swap_blocks)
         self._num_checks = 0
 
@@ -64,26 +67,36 @@ class KVCacheManager:
         """Blocks ``req`` must add to compute ``num_new_tokens`` more tokens (0 when it already can)."""
         return max(blocks_for(req.num_computed_tokens + num_new_tokens, self.block_size) - req.blocks, 0)
 
-    def allocate_slots(self, req: Request, num_new_tokens: int) -> list[int] | None:
-        """Room on the device for ``req`` to compute ``num_new_tokens`` more tokens: the blocks it
-        added (none when it had room), or None (and no change) if blocks are short."""
+    def allocate_slots(self, req: Request, num_new_tokens: int) -> int | None:
+        """Room on the device for ``req`` to compute ``num_new_tokens`` more tokens: how many blocks it
+        added (0 when it had room), or None (and no change) if blocks are short."""
         need = -(-(req.num_computed_tokens + num_new_tokens) // self.block_size) - req.blocks  # blocks_for(...)
         if need <= 0:
-            return []
-        ids = self.device.allocate(need)
-        if ids is not None:
+            return 0
+        if self.caching:
+            ids = self.device.allocate(need)
+            if ids is None:
+                return None
             _give(req, ids)
-        return ids
+        elif self.device.take(need):
+            req.blocks += need
+        else:
+            return None
+        return need
 
     def release(self, req: Request) -> int:
         """Free every device block ``req`` holds (with prefix caching, publishing its full blocks
         first: they stay findable until evicted); returns how many."""
+        n = req.blocks
         if self.caching:
             self.publish(req)
             req.num_published_blocks = 0
-        ids, req.block_ids = req.block_ids, ()
-        self.device.free(ids)
-        return len(ids)
+            ids, req.block_ids = req.block_ids, ()
+            self.device.free(ids)
+        else:
+            self.device.give_back(n)
+        req.blocks = 0
+        return n
 
     def computed(self, req: Request, n: int) -> None:
         """``req`` computed ``n`` more tokens: their KV is in its blocks."""
@@ -123,8 +136,8 @@ class KVCacheManager:
         # Off the tier first: the device blocks they go to may evict others into it, which must not
         # push these out.
         self.host_tier.take(iter_block_keys(content_of(req, bs), start, start + blocks))
-        ids = self.allocate_slots(req, blocks * bs)
-        assert ids is not None, "a request was admitted without room for its blocks from the host"
+        added = self.allocate_slots(req, blocks * bs)
+        assert added is not None, "a request was admitted without room for its blocks from the host"
         req.num_computed_tokens += blocks * bs
 
     def fits(self, req: Request, hits: Sequence[int], num_new_tokens: int) -> bool:
@@ -143,7 +156,7 @@ class KVCacheManager:
         room = np.empty(max(blocks_for(req.prompt_tokens + req.output_tokens, self.block_size), len(hits)), np.int64)
         room[:len(hits)] = hits
         req.block_ids = room[:len(hits)]
-        req.num_published_blocks = len(hits)
+        req.blocks = req.num_published_blocks = len(hits)
         req.num_computed_tokens = len(hits) * self.block_size
 
     def publish(self, req: Request) -> None:
@@ -173,39 +186,52 @@ class KVCacheManager:
 
     def swap_in(self, req: Request) -> bool:
         """Move ``req``'s host blocks back to the device; False (and no change) if the device is short."""
-        ids = self.device.allocate(len(req.host_block_ids))
-        if ids is None:
+        n = len(req.host_block_ids)
+        if self.caching:
+            ids = self.device.allocate(n)
+            if ids is None:
+                return False
+            req.block_ids = ids
+        elif not self.device.take(n):
             return False
         self.host.free(req.host_block_ids)
-        req.block_ids, req.host_block_ids = ids, ()
+        req.host_block_ids, req.blocks = (), n
         return True
 
     def allocate_together(self, wants: list[tuple[Request, int]], bulk_blocks: int = 0) -> bool:
         """All or nothing: room for each ``(request, num_new_tokens)``, plus ``bulk_blocks`` taken in
         bulk (:meth:`take_bulk`), when the free blocks cover them all; False (and no change) otherwise."""
         extra = [self.num_blocks_to_allocate(req, n) for req, n in wants]
-        device = self.device
-        if bulk_blocks + sum(extra) > device.num_free:
+        device, total = self.device, sum(extra)
+        if bulk_blocks + total > device.num_free:
             return False
         device.reserve(bulk_blocks)
-        ids = device.allocate(sum(extra))
-        at = 0
-        for (req, _), e in zip(wants, extra, strict=True):
-            if e:
-                _give(req, ids[at:at + e])
-                at += e
+        if self.caching:
+            ids, at = device.allocate(total), 0
+            for (req, _), e in zip(wants, extra, strict=True):
+                if e:
+                    _give(req, ids[at:at + e])
+                    at += e
+        else:
+            device.take(total)
+            for (req, _), e in zip(wants, extra, strict=True):
+                req.blocks += e
         return True
 
     def take_bulk(self, n: int) -> bool:
         """``n`` blocks taken for requests that will be told later which are theirs (:meth:`assign_bulk`):
         a lockstep group's members crossing block boundaries, counted, not listed, step by step. The
-        device pool holds them reserved meanwhile (:meth:`BlockPool.reserve`); False (and no change) if too
+        device pool holds them reserved meanwhile (:meth:`CountedBlockPool.reserve`); False (and no change) if too
         few are free."""
         return self.device.reserve(n)
 
     def assign_bulk(self, req: Request, n: int) -> None:
         """``n`` of the blocks taken in bulk become ``req``'s own."""
-        _give(req, self.device.claim(n))
+        if self.caching:
+            _give(req, self.device.claim(n))
+        else:
+            self.device.claim(n)
+            req.blocks += n
 
     @property
     def num_bulk(self) -> int:
@@ -215,14 +241,19 @@ class KVCacheManager:
     def reserve_batch(self, batch: list[Request], blocks: int) -> bool:
         """A request-level batch's memory, reserved whole at its start and shared among its slots as
         evenly as it divides (so every block has one holder); False if the blocks are short."""
-        ids = self.device.allocate(blocks)
-        if ids is None:
+        if self.caching:
+            ids = self.device.allocate(blocks)
+            if ids is None:
+                return False
+        elif not self.device.take(blocks):
             return False
         share, extra = divmod(blocks, len(batch))
         at = 0
         for i, req in enumerate(batch):
             n = share + (1 if i < extra else 0)
-            req.block_ids, at = ids[at:at + n], at + n
+            if self.caching:
+                req.block_ids = ids[at:at + n]
+            req.blocks, at = n, at + n
         return True
 
     def release_batch(self, batch: list[Request]) -> int:
@@ -232,36 +263,28 @@ class KVCacheManager:
     def check_conservation(self, device_holders: Iterable[Request], host_holders: Iterable[Request]) -> None:
         """AssertionError unless every block is free or held, once: device and host pools alike.
 
-        The blocks taken in bulk are held too, and a request's count (``blocks``) must agree with the
-        blocks held for it (a lockstep member's includes those taken in bulk for it). Counts are checked every time;
-        identities (no block held twice, none both held and free) cost O(num_blocks), so a pool
-        of more than ``FULL_CHECK_BLOCKS`` has them checked at every ``FULL_CHECK_EVERY``-th call.
-        The counts need no list of every block held, only the lengths of the holders' lists
-        (tests run this at every step): the ids are gathered only where they are compared.
+        The blocks taken in bulk are held too (a lockstep member's count includes those taken for it).
+        Where blocks are numbered, a request's count (``blocks``) must agree with the blocks it lists;
+        identities (no block held twice, none both held and free) cost O(num_blocks), so a pool of more
+        than ``FULL_CHECK_BLOCKS`` has them checked at every ``FULL_CHECK_EVERY``-th call.
         """
         device_holders = list(device_holders)  # read twice below
         device, host = self.device, self.host
-        # The blocks taken in bulk: those with their numbers already (with prefix caching), and how many
-        # have none yet (without: they are chosen when assigned).
-        held_for_members = device.reserved_ids()
-        unnumbered = device.num_reserved - len(held_for_members)
-        device_lists = list(map(_block_ids, device_holders))
-        num_listed = sum(map(len, device_lists))
-        assert sum(map(_blocks, device_holders)) == num_listed + device.num_reserved, \
-            "block counts disagree with the blocks held"
+        held = sum(map(_blocks, device_holders))
         self._num_checks += 1
         every = self._num_checks % FULL_CHECK_EVERY == 1
-        # The device: with prefix caching a block may have several holders (its reference count says how
-        # many), so its distinct blocks are counted from their ids.
-        identities = every or 0 < device.num_blocks <= FULL_CHECK_BLOCKS  # an empty pool: the count says all
-        if self.caching or identities:
-            ids = [*chain.from_iterable(device_lists), *held_for_members]
-            distinct = len(set(ids)) if self.caching else len(ids)
+        if self.caching:
+            device_lists = list(map(_block_ids, device_holders))
+            assert held == sum(map(len, device_lists)) + device.num_reserved, "block counts disagree with the blocks held"
+            # A block may have several holders (its reference count says how many): the distinct ones
+            # are counted from their ids.
+            ids = [*chain.from_iterable(device_lists), *device.reserved_ids()]
+            assert len(set(ids)) + device.num_free == device.num_blocks, "device blocks not conserved"
+            if every or 0 < device.num_blocks <= FULL_CHECK_BLOCKS:  # (an empty pool: the count says all)
+                _check_identities(device, ids, "device")
         else:
-            distinct = num_listed + len(held_for_members)
-        assert distinct + device.num_free + unnumbered == device.num_blocks, "device blocks not conserved"
-        if identities:
-            _check_identities(device, ids, "device", unnumbered)
+            assert not any(map(len, map(_block_ids, device_holders))), "a request lists blocks nobody numbers"
+            assert held + device.num_free == device.num_blocks, "device blocks not conserved"
         # The host: one holder a block.
         host_lists = list(map(_host_block_ids, host_holders))
         assert sum(map(len, host_lists)) + host.num_free == host.num_blocks, "host blocks not conserved"
@@ -295,6 +318,7 @@ def _give(req: Request, ids: list[int]) -> None:
     ()), or an array when it started from a cached prefix, a view of the buffer
     :meth:`KVCacheManager.use_cached` made for it (its ``base``, the request's own: no other array of
     blocks is a view) while the buffer has room."""
+    req.blocks += len(ids)
     held = req.block_ids
     if isinstance(held, list):
         held += ids
@@ -309,9 +333,9 @@ def _give(req: Request, ids: list[int]) -> None:
             req.block_ids = np.concatenate((held, ids))
 
 
-def _check_identities(pool: BlockPool, held: list[int], name: str, reserved_in_queue: int = 0) -> None:
+def _check_identities(pool: BlockPool, held: list[int], name: str) -> None:
     free = pool.free_ids()
-    assert len(free) == pool.num_free + reserved_in_queue, f"{name} free count disagrees with the free queue"
+    assert len(free) == pool.num_free, f"{name} free count disagrees with the free queue"
     assert set(held).union(free) == _every_block(pool.num_blocks), f"{name} block held twice, or held and free"
     ref_counts = getattr(pool, "ref_counts", None)
     if ref_counts is not None:

@@ -197,11 +197,13 @@ class CachingBlockPool(BlockPool):
 
     # ---------------------------------------------------------------- the free queue
     def reserve(self, n: int) -> bool:
+        """``n`` free blocks taken for holders named later (:meth:`claim`), by number at once: taking
+        a block may evict a cached one, which every later lookup must see; False (and no change) if
+        fewer are free."""
         ids = self.allocate(n)
         if ids is None:
             return False
         self._reserved += ids
-        self.num_reserved += n
         return True
 
     def claim(self, n: int) -> list[int]:
@@ -209,8 +211,11 @@ class CachingBlockPool(BlockPool):
         reserved = self._reserved
         ids = reserved[-n:]
         del reserved[-n:]
-        self.num_reserved -= n
         return ids
+
+    @property
+    def num_reserved(self) -> int:
+        return len(self._reserved)
 
     def reserved_ids(self) -> list[int]:
         return self._reserved

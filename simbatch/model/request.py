@@ -80,9 +80,10 @@ class Request:
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
-    # KV blocks held, by number (written by the KV cache manager only). Empty ones are the shared ():
-    # a million requests need no million empty lists. A list, or an int64 array for one that started
-    # from a cached prefix.
+    # Device KV blocks held, and, where their numbers are seen (prefix caching), which: both written by
+    # the KV cache manager only. Without numbers, or with none held, the shared (): a million requests
+    # need no million empty lists. A list, or an int64 array for one that started from a cached prefix.
+    blocks: int = 0
     block_ids: Sequence[int] = ()
     host_block_ids: Sequence[int] = ()  # on the host, after a swap preemption
     admitted_seq: int = -1  # order of the latest admission into RUNNING; the newest is the LIFO victim
@@ -97,11 +98,6 @@ class Request:
     num_generated: int = 0  # output tokens sampled so far
     last_token_s: float = math.nan
     last_token_step: int = -2  # the engine step that sampled the last token
-
-    @property
-    def blocks(self) -> int:
-        """Device KV blocks held."""
-        return len(self.block_ids)
 
     @property
     def swapped_blocks(self) -> int:

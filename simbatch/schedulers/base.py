@@ -116,12 +116,12 @@ class BaseScheduler(ABC):
         ids = set(map(_request_id, waiting))
         ids.update(map(_request_id, running))
         assert len(ids) == len(waiting) + len(running), "a request is in two pools"
-        assert set(map(_status, waiting)) <= {WAITING} and not any(map(len, map(_block_ids, waiting))), \
-            "waiting request holds blocks"
+        assert set(map(_status, waiting)) <= {WAITING} and not any(map(_blocks, waiting)) and \
+            not any(map(len, map(_block_ids, waiting))), "waiting request holds blocks"
         assert set(map(_status, running)) <= {RUNNING}, "running pool holds a non-running request"
         self.kv.check_conservation(self._block_holders(), waiting)
         assert len(self.running) <= self.scenario.batching.max_num_seqs, "more running than max_num_seqs"
 
 
 _request_id, _status = attrgetter("request_id"), attrgetter("status")
-_block_ids = attrgetter("block_ids")
+_blocks, _block_ids = attrgetter("blocks"), attrgetter("block_ids")

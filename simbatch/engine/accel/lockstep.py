@@ -310,13 +310,14 @@ class LockstepScheduler(ContinuousScheduler):
         self._phase[p + bs] -= 1
         del self._phase_members[p][req]
         planned = self._group_reserved and (self._granted_all or req in self._granted)
-        own = blocks_for(computed + planned, bs) - len(req.block_ids)  # blocks taken in bulk for it
-        if own:
-            self.kv.assign_bulk(req, own)
         self._group_context -= computed - clock
         del self._group[req]
         self._members = None
         req.leave_lockstep(clock - joined, self.last_end_s, clock - 1)
+        # Its count is its own blocks again, those it joined with: the ones taken in bulk for it join them.
+        own = blocks_for(computed + planned, bs) - req.blocks
+        if own:
+            self.kv.assign_bulk(req, own)
 
     def steps_since(self, req: Request) -> int:
         """Steps a member has advanced since it joined (its stored counters are those of then)."""
