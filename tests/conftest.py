@@ -7,6 +7,19 @@ import gc
 import pytest
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse ``--dist loadgroup`` (make test) where it would not group: the tests would pass, each
+    group's shared fixture made on every worker instead of once (pytest 9.2 reads node ids from a field
+    xdist 3.8 does not write, pytest-dev/pytest-xdist#1386)."""
+    if config.getoption("dist", "no") != "loadgroup" or hasattr(config, "workerinput"):
+        return
+    import xdist
+
+    if pytest.version_tuple[:2] >= (9, 2) and tuple(map(int, xdist.__version__.split(".")[:2])) <= (3, 8):
+        raise pytest.UsageError(f"pytest {pytest.__version__} with pytest-xdist {xdist.__version__} loses "
+                                "--dist loadgroup's groups: install pytest<9.2 (make install does)")
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Once the modules are imported, the cyclic garbage collector stops walking them: frozen, the
     hundred thousand objects of simbatch, pandas, matplotlib and the collected tests are never traversed
