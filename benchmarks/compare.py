@@ -20,7 +20,13 @@ and the case is marked so. Any other case REV cannot run is reported with REV's 
 The table is also written into ``benchmarks/results.md`` (section "Compared with"; ``--no-write``
 leaves the file alone).
 
+``--instructions`` counts instead, once a side, the machine instructions of running the engine (under
+valgrind's callgrind: the count of a process that builds the engine and runs it, less that of one that
+only builds it), which a shared, noisy machine does not change: a ratio of work, not of time (a cache
+miss costs no more than a hit here). It only prints.
+
     python -m benchmarks.compare 51d82f9 B1 B6 B7 B8 --repeats 5
+    python -m benchmarks.compare 51d82f9 B1 B3 --instructions
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -101,8 +109,12 @@ if spec.get("check_only"):
 workload = generate(scenario)
 start = time.process_time()
 engine = Engine(scenario, workload)
+if spec.get("stop") == "built":  # (--instructions: what is counted before the run, taken from what is after it)
+    say(stop="built")
 end_s = engine.run()
 cpu_s = time.process_time() - start
+if spec.get("stop") == "ran":
+    say(stop="ran")
 requests, iterations = requests_frame(workload, engine.recorder), iterations_frame(engine.recorder)
 frames_s = time.process_time() - start
 summary = summarize(scenario, requests, iterations, engine.recorder, end_s)
@@ -169,22 +181,42 @@ def checkout(rev: str, folder: Path) -> tuple[str, str]:
     return commit, subject
 
 
-def run_side(python: str, tree: Path, spec: dict, folder: Path) -> dict:
-    """One fresh process of ``tree``'s code on the scenario of ``spec``."""
+def run_side(python: str, tree: Path, spec: dict, folder: Path, wrapper: tuple[str, ...] = ()) -> dict:
+    """One fresh process of ``tree``'s code on the scenario of ``spec`` (run by ``wrapper``, if any);
+    its last line of output, and its ``stderr``."""
     path = folder / "scenario.json"
     path.write_text(json.dumps(spec), encoding="utf-8")
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    done = subprocess.run([python, "-c", DRIVER, str(path)], cwd=tree, env=env, capture_output=True,
+    # A fixed hash seed: under --instructions, two processes alike must count alike (dict layouts).
+    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0"}
+    done = subprocess.run([*wrapper, python, "-c", DRIVER, str(path)], cwd=tree, env=env, capture_output=True,
                           text=True, timeout=3600)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         last = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
         return {"error": f"failed: {last}"}
-    return json.loads(lines[-1])
+    return {**json.loads(lines[-1]), "stderr": done.stderr}
 
 
-def compare_case(name: str, repeats: int, old_tree: Path, old_python: str, folder: Path) -> dict:
-    """Alternating runs of one case here and in ``old_tree``: their CPU times, steps and what was adapted."""
+def instructions(python: str, tree: Path, spec: dict, folder: Path) -> int | str:
+    """Machine instructions of running the engine on ``spec`` with ``tree``'s code (callgrind's count of
+    building and running it, less that of building it), or what went wrong."""
+    counts = []
+    for stop in ("built", "ran"):
+        out = run_side(python, tree, {**spec, "stop": stop}, folder,
+                       ("valgrind", "--tool=callgrind", f"--callgrind-out-file={folder / 'callgrind.out'}"))
+        if "error" in out:
+            return out["error"]
+        found = re.search(r"Collected\s*:\s*(\d+)", out["stderr"])
+        if found is None:
+            return "valgrind printed no count"
+        counts.append(int(found.group(1)))
+    return counts[1] - counts[0]
+
+
+def compare_case(name: str, repeats: int, old_tree: Path, old_python: str, folder: Path,
+                 count: bool = False) -> dict:
+    """Alternating runs of one case here and in ``old_tree``: their CPU times, steps and what was adapted
+    (``count``: instead, each side's instructions, once)."""
     scenario = CASES[name][1]()
     spec, note = portable(scenario), ""
     check = run_side(old_python, old_tree, {**spec, "check_only": True}, folder)
@@ -198,6 +230,12 @@ def compare_case(name: str, repeats: int, old_tree: Path, old_python: str, folde
         check = run_side(old_python, old_tree, {**spec, "check_only": True}, folder)
     if "error" in check:
         return {"error": check["error"]}
+    if count:
+        new_i, old_i = instructions(sys.executable, ROOT, spec, folder), instructions(old_python, old_tree, spec, folder)
+        for side, counted in (("here", new_i), ("REV", old_i)):
+            if isinstance(counted, str):
+                return {"error": f"{side}: {counted}"}
+        return {"new_i": new_i, "old_i": old_i, "note": note}
     new_runs, old_runs = [], []
     for _ in range(b2_repeats(repeats) if name == "B2" else repeats):
         for side, runs, python, tree in (("here", new_runs, sys.executable, ROOT),
@@ -212,6 +250,17 @@ def compare_case(name: str, repeats: int, old_tree: Path, old_python: str, folde
     return {"new_s": statistics.median(r["cpu_s"] for r in new_runs),
             "old_s": statistics.median(r["cpu_s"] for r in old_runs), "ratios": ratios, "with_frames": with_frames,
             "steps": (new_runs[0]["steps"], old_runs[0]["steps"]), "note": note}
+
+
+def instruction_table(results: dict[str, dict]) -> list[str]:
+    lines = ["| case | here (M instructions) | REV (M instructions) | here/REV | note |", "|---|---:|---:|---:|---|"]
+    for name, r in results.items():
+        if "error" in r:
+            lines.append(f"| {name} | | | cannot run | {r['error']} |")
+            continue
+        lines.append(f"| {name} | {r['new_i'] / 1e6:,.1f} | {r['old_i'] / 1e6:,.1f} | {r['new_i'] / r['old_i']:.3f}x | "
+                     f"{r['note']} |")
+    return lines
 
 
 def table(results: dict[str, dict]) -> list[str]:
@@ -242,10 +291,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="rounds per case (B2: a third, at least 2)")
     parser.add_argument("--python", default=sys.executable, help="interpreter for REV's code (default: this one)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave benchmarks/results.md alone")
+    parser.add_argument("--instructions", action="store_true",
+                        help="count each side's instructions once under valgrind instead of timing (prints only)")
     args = parser.parse_args()
     unknown = [c for c in args.cases if c not in CASES]
     if unknown:
         parser.error(f"unknown case(s) {', '.join(unknown)}; the cases are {', '.join(CASES)}")
+    if args.instructions and shutil.which("valgrind") is None:
+        parser.error("--instructions needs valgrind (Debian: apt-get install -y valgrind)")
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="simbatch-compare-") as scratch:
         folder = Path(scratch)
@@ -255,8 +308,12 @@ def main() -> None:
             raise SystemExit(f"{args.rev!r} is not a commit of {ROOT}") from None
         results = {}
         for name in args.cases or list(CASES):
-            results[name] = compare_case(name, args.repeats, folder / "tree", args.python, folder)
-            print(table({name: results[name]})[-1], flush=True)
+            results[name] = compare_case(name, args.repeats, folder / "tree", args.python, folder, args.instructions)
+            print((instruction_table if args.instructions else table)({name: results[name]})[-1], flush=True)
+    if args.instructions:
+        print(f"Instructions of running the engine (callgrind), here and at {commit[:7]} \"{subject}\"\n")
+        print("\n".join(instruction_table(results)))
+        return
     load_after = os.getloadavg()
     lines = [f"{COMPARED} {commit[:7]} (`python -m benchmarks.compare {args.rev}`)", "",
              f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, against {commit[:7]} \"{subject}\". Simulation CPU time "

@@ -82,3 +82,23 @@ def test_a_workload_replayed_as_a_trace_is_the_same_simulation(tmp_path):
     assert (replayed["steps"], replayed["completed"]) == (drawn["steps"], drawn["completed"]) != (0, 0)
     # A trace carries times and lengths only: tenants or sessions cannot be handed over so.
     assert as_trace(Scenario.model_validate(tiny(workload={**tiny()["workload"], "num_sessions": 4})), tmp_path) is None
+
+
+def test_counted_instructions_are_those_of_the_run_alone(tmp_path, monkeypatch):
+    """--instructions: callgrind's count of a process that builds the engine and runs it, less that of one
+    that stops once it is built (the driver stops where told; valgrind is stood in for: its count line)."""
+    import benchmarks.compare as compare
+    from simbatch.config import Scenario
+
+    spec = compare.portable(Scenario.model_validate(tiny()))
+    real_run_side, wrappers = compare.run_side, []
+
+    def counted(python, tree, spec, folder, wrapper=()):
+        wrappers.append(wrapper[:2])
+        out = real_run_side(python, tree, spec, folder)  # the driver itself, without valgrind
+        assert out["stop"] == spec["stop"]
+        return {**out, "stderr": f"==1== Collected : {10_000 if spec['stop'] == 'built' else 12_345}\n"}
+
+    monkeypatch.setattr(compare, "run_side", counted)
+    assert compare.instructions(sys.executable, compare.ROOT, spec, tmp_path) == 2_345
+    assert wrappers == [("valgrind", "--tool=callgrind")] * 2
