@@ -231,7 +231,8 @@ def compare_case(name: str, repeats: int, old_tree: Path, old_python: str, folde
     if "error" in check:
         return {"error": check["error"]}
     if count:
-        new_i, old_i = instructions(sys.executable, ROOT, spec, folder), instructions(old_python, old_tree, spec, folder)
+        new_i = instructions(sys.executable, ROOT, spec, folder)
+        old_i = instructions(old_python, old_tree, spec, folder)
         for side, counted in (("here", new_i), ("REV", old_i)):
             if isinstance(counted, str):
                 return {"error": f"{side}: {counted}"}

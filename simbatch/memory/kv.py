@@ -40,7 +40,8 @@ from simbatch.memory.host_tier import HostTier
 from simbatch.memory.prefix_cache import CachingBlockPool, Content, iter_block_keys
 from simbatch.model.request import Request
 
-__all__ = ["BlockPool", "Content", "CountedBlockPool", "KVCacheManager", "blocks_for", "content_of", "lookup_blocks", "peak_kv_tokens"]
+__all__ = ["BlockPool", "Content", "CountedBlockPool", "KVCacheManager", "blocks_for", "content_of",
+           "lookup_blocks", "peak_kv_tokens"]
 
 
 class KVCacheManager:
@@ -275,7 +276,8 @@ class KVCacheManager:
         every = self._num_checks % FULL_CHECK_EVERY == 1
         if self.caching:
             device_lists = list(map(_block_ids, device_holders))
-            assert held == sum(map(len, device_lists)) + device.num_reserved, "block counts disagree with the blocks held"
+            assert held == sum(map(len, device_lists)) + device.num_reserved, \
+                "block counts disagree with the blocks held"
             # A block may have several holders (its reference count says how many): the distinct ones
             # are counted from their ids.
             ids = [*chain.from_iterable(device_lists), *device.reserved_ids()]
