@@ -140,10 +140,10 @@ def _decode_side(sent: Request, first_token_s: float, cls: type[Request] = Reque
     """The decode replica's request for ``sent`` (a ``cls``, as that replica's scheduler builds them),
     whose first token came at ``first_token_s``: its prompt computed (remotely), one token generated,
     and the prefill side's history carried over."""
-    req = cls(sent.request_id, sent.arrival_s, sent.prompt_tokens, sent.output_tokens, sent.tenant,
-                  sent.priority, replica=sent.replica, prefill_pending=False, remote_kv=True,
-                  num_cached_tokens=sent.num_cached_tokens, num_preemptions=sent.num_preemptions,
-                  first_scheduled_s=sent.first_scheduled_s, first_token_s=first_token_s, waiting_s=sent.waiting_s)
+    req = cls(sent.request_id, sent.arrival_s, sent.prompt_tokens, sent.output_tokens, sent.tenant, sent.priority)
+    req.replica, req.prefill_pending, req.remote_kv = sent.replica, False, True
+    req.num_cached_tokens, req.num_preemptions = sent.num_cached_tokens, sent.num_preemptions
+    req.first_scheduled_s, req.first_token_s, req.waiting_s = sent.first_scheduled_s, first_token_s, sent.waiting_s
     req.prefix_stream, req.shared_prefix_tokens = sent.prefix_stream, sent.shared_prefix_tokens
     req.num_computed_tokens, req.num_generated, req.last_token_s = sent.prompt_tokens, 1, first_token_s
     return req

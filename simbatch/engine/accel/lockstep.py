@@ -53,9 +53,11 @@ class LockstepRequest(Request):
 
     __slots__ = ("_computed", "_generated", "_last_token_s", "_last_token_step", "lockstep")
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int, tenant: int = 0,
+                 priority: int = 0):
+        # (An arrival's fields by name, not *args: this runs per request.)
+        Request.__init__(self, request_id, arrival_s, prompt_tokens, output_tokens, tenant, priority)
         self.lockstep: LockstepScheduler | None = None
-        Request.__init__(self, *args, **kwargs)
 
     def join_lockstep(self, group: LockstepScheduler) -> None:
         """Into ``group``: its counters stored as they stand, read from now on through the group's clock."""
