@@ -113,9 +113,8 @@ class CountedBlockPool:
 
     def reserve(self, n: int) -> bool:
         """``n`` free blocks taken for holders named later (:meth:`claim`); False (and no change) if fewer are free."""
-        if n > self.num_free:
+        if not self.take(n):
             return False
-        self.num_free -= n
         self.num_reserved += n
         return True
 
