@@ -329,6 +329,14 @@ def test_imbalance_is_max_over_mean_and_undefined_without_load():
     assert per_window[0] == 2.0 and math.isnan(per_window[1])
 
 
+def _band(fill) -> tuple[np.ndarray, np.ndarray]:
+    """The per-bin lower and upper values of a band drawn by ``step_band`` (matplotlib's fill_between
+    polygon: its start, the lower edge forwards, its end, the upper edge backwards, its start again)."""
+    vertices = fill.get_paths()[0].vertices[:, 1]
+    n = (len(vertices) - 3) // 2
+    return vertices[1:n + 1:2], vertices[n + 2:2 * n + 2][::-1][::2]
+
+
 def test_cluster_plots_draw_every_replica_and_the_imbalance():
     sc = make_scenario(workload__num_requests=120, workload__arrival__rate=80.0,
                        workload__output_tokens={"dist": "uniform", "low": 1, "high": 60},
@@ -341,14 +349,14 @@ def test_cluster_plots_draw_every_replica_and_the_imbalance():
     table = per_replica(result.requests, result.iterations, result.summary["duration"], 3)
     end = series.end_time_s(result.iterations, result.requests)
     for r, ax in enumerate(panels):
-        running, waiting = (p.get_data() for p in ax.patches[:2])
-        assert np.mean(waiting.values) == pytest.approx(table["L"][r] * result.summary["duration"] / end, rel=1e-6)
-        assert np.all(waiting.baseline == running.values)
+        (_, running), (below, in_system) = (_band(c) for c in ax.collections[:2])
+        assert np.mean(in_system) == pytest.approx(table["L"][r] * result.summary["duration"] / end, rel=1e-6)
+        assert np.all(below == running)  # waiting is stacked on running
     fig = load_imbalance(result, 3)
     top, bottom = fig.axes
-    ratio = bottom.patches[0].get_data().values
+    ratio = bottom.lines[0].get_ydata()[::2]  # a step line: each bin's value at both its edges
     assert np.nanmin(ratio) >= 1.0 and np.nanmax(ratio) <= 3.0
-    assert bottom.lines[0].get_ydata()[0] == pytest.approx(result.summary["load_imbalance"], rel=1e-9)
+    assert bottom.lines[1].get_ydata()[0] == pytest.approx(result.summary["load_imbalance"], rel=1e-9)  # dashed
 
 
 # --------------------------------------------------------------------------- the issue's "must show"

@@ -186,7 +186,7 @@ def test_the_tables_and_the_handover_plot_show_the_pools():
     assert "Disaggregated pools (prefill / decode)" in table and "Mean KV transfer (ms):" in table
     assert "Pool that binds:" in report.stability_block(result.stability)
     queues, top, bottom = handover(result.requests, result.iterations).axes
-    assert [p.get_label() for p in queues.patches] == ["prefill pool", "decode pool"]
+    assert [line.get_label() for line in queues.lines] == ["prefill pool", "decode pool"]
     assert len(top.collections) == 4  # queue, prefill, wait for a slot, transfer
     assert bottom.lines[0].get_ydata()[-1] == 100  # every request handed over
 

@@ -68,5 +68,5 @@ def test_no_panel_shows_rounding_noise():
                                                                       result.iterations["num_running"], edges)
     assert ((raw > 0) & (raw < 1e-9)).any()  # the noise is there to remove
     bottom = plots.running_waiting({"continuous": result}).axes[1]
-    drawn = bottom.patches[0].get_path().vertices[:, 1]  # the stairs of the waiting panel
+    drawn = bottom.lines[0].get_ydata()  # the waiting panel's line
     assert drawn.max() > 0.1 and not ((drawn > 0) & (drawn < 1e-9)).any()

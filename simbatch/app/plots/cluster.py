@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 
 from simbatch.analysis.fleet import imbalance
 from simbatch.app.plots import series
-from simbatch.app.plots.figure import Frames, finish_axes, new_figure
+from simbatch.app.plots.figure import Frames, finish_axes, new_figure, step_band, step_line
 from simbatch.app.plots.timeseries import COARSE_BINS, FINE_BINS
 
 RUNNING, WAITING = "#1f77b4", "#d62728"
@@ -58,9 +58,8 @@ def replica_load(run: Frames, num_replicas: int, *, slots: int | None = None, bi
         if r >= num_replicas:
             ax.set_visible(False)
             continue
-        ax.stairs(running[r], edges, baseline=0, fill=True, color=RUNNING, alpha=0.5, label="running")
-        ax.stairs(running[r] + waiting[r], edges, baseline=running[r], fill=True, color=WAITING, alpha=0.5,
-                  label="waiting")
+        step_band(ax, edges, 0.0, running[r], color=RUNNING, alpha=0.5, label="running")
+        step_band(ax, edges, running[r], running[r] + waiting[r], color=WAITING, alpha=0.5, label="waiting")
         if slots is not None:
             ax.axhline(slots, color="0.35", linestyle="--", linewidth=1, label=f"slots = {slots}")
         ax.set_title(f"replica {r}", fontsize="small", loc="left")
@@ -99,12 +98,9 @@ def _bands(ax, edges: np.ndarray, per_replica: np.ndarray, what: str, color: str
     """The median over replicas per bin, with the 10-90 % band and the min-max envelope when ``spread``."""
     low, p10, median, p90, high = np.percentile(per_replica, [0, 10, 50, 90, 100], axis=0)
     if spread:
-        ax.fill_between(edges[:-1], low, high, step="post", color=color, alpha=0.12, linewidth=0,
-                        label=f"{what}: min-max over replicas")
-        ax.fill_between(edges[:-1], p10, p90, step="post", color=color, alpha=0.3, linewidth=0,
-                        label=f"{what}: 10-90 % of replicas")
-    ax.stairs(series.without_noise(median), edges, baseline=None, color=color, linewidth=1.5,
-              label=f"{what}: median replica")
+        step_band(ax, edges, low, high, color=color, alpha=0.12, linewidth=0, label=f"{what}: min-max over replicas")
+        step_band(ax, edges, p10, p90, color=color, alpha=0.3, linewidth=0, label=f"{what}: 10-90 % of replicas")
+    step_line(ax, edges, series.without_noise(median), color=color, linewidth=1.5, label=f"{what}: median replica")
 
 
 def load_imbalance(run: Frames, num_replicas: int, *, bins: int = COARSE_BINS) -> Figure:
@@ -121,12 +117,12 @@ def load_imbalance(run: Frames, num_replicas: int, *, bins: int = COARSE_BINS) -
         _bands(top, edges, in_system, "in system", color="#1f77b4")
     else:
         for r in range(num_replicas):
-            top.stairs(in_system[r], edges, baseline=None, linewidth=0.8, alpha=0.7, label=f"replica {r}")
-    top.stairs(in_system.mean(axis=0), edges, baseline=None, color="k", linewidth=1.8, label="mean over replicas")
+            step_line(top, edges, in_system[r], linewidth=0.8, alpha=0.7, label=f"replica {r}")
+    step_line(top, edges, in_system.mean(axis=0), color="k", linewidth=1.8, label="mean over replicas")
     top.set_ylim(bottom=0)
     top.set_title("Load per replica (time-average number in system per bin) and its imbalance")
     finish_axes(top, "requests in system", xlabel=None)
-    bottom.stairs(imbalance(in_system), edges, baseline=None, color="#9467bd", label="max / mean per bin")
+    step_line(bottom, edges, imbalance(in_system), color="#9467bd", label="max / mean per bin")
     whole = imbalance(_per_replica(run, num_replicas, edges[[0, -1]])[1])[0]
     if np.isfinite(whole):
         bottom.axhline(whole, color="0.35", linestyle="--", linewidth=1.2, label=f"whole run: {whole:.3f}")

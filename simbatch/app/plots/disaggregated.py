@@ -8,7 +8,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from simbatch.app.plots import series
-from simbatch.app.plots.figure import finish_axes, new_figure
+from simbatch.app.plots.figure import finish_axes, new_figure, step_line
 from simbatch.app.plots.timeseries import FINE_BINS
 
 PARTS = (("queue (prefill side)", "queue_s"), ("prefill", "prefill_s"), ("wait for a decode slot", "decode_queue_s"),
@@ -27,7 +27,7 @@ def handover(requests: pd.DataFrame, iterations: pd.DataFrame) -> Figure:
     edges = series.grid(series.end_time_s(iterations, requests), FINE_BINS)
     for pool, color in (("prefill", "tab:orange"), ("decode", "tab:green")):
         rows = iterations[iterations["pool"] == pool]
-        queues.stairs(series.step_mean(rows, rows["num_waiting"], edges), edges, color=color, label=f"{pool} pool")
+        step_line(queues, edges, series.step_mean(rows, rows["num_waiting"], edges), color=color, label=f"{pool} pool")
     queues.set_ylim(bottom=0)
     queues.set_title("Requests waiting in each pool")
     finish_axes(queues, "waiting")

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
+import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -81,6 +82,21 @@ def finish_axes(ax: Axes, ylabel: str, *, xlabel: str | None = "simulated time (
     ax.margins(x=0)
     if legend and ax.get_legend_handles_labels()[0]:
         ax.legend(loc="best", fontsize="small", framealpha=0.9)
+
+
+def step_line(ax: Axes, edges: np.ndarray, values: np.ndarray, **style: Any) -> None:
+    """Bin means drawn as one line at ``values[i]`` over ``[edges[i], edges[i+1])``; a NaN bin is a gap.
+
+    As ``Axes.stairs`` draws them, but a line: matplotlib finds a patch's data limits curve by curve
+    (30 ms for 600 bins), a line's from its vertices at once.
+    """
+    ax.plot(np.repeat(edges, 2)[1:-1], np.repeat(values, 2), **style)
+
+
+def step_band(ax: Axes, edges: np.ndarray, low: np.ndarray | float, high: np.ndarray, **style: Any) -> None:
+    """The area between two series of bin means, each flat over its bin (see :func:`step_line`)."""
+    x = np.repeat(edges, 2)[1:-1]
+    ax.fill_between(x, np.repeat(np.broadcast_to(low, np.shape(high)), 2), np.repeat(high, 2), **style)
 
 
 def save_figure(fig: Figure, path: Path) -> Path:

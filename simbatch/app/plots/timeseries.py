@@ -15,7 +15,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from simbatch.app.plots import series
-from simbatch.app.plots.figure import Frames, colors, finish_axes, new_figure
+from simbatch.app.plots.figure import Frames, colors, finish_axes, new_figure, step_band, step_line
 
 FINE_BINS = 600  # pools and batch sizes: fine enough to show one static batch draining step by step
 COARSE_BINS = 120
@@ -24,10 +24,6 @@ _LABEL_BOX = {"boxstyle": "round,pad=0.2", "facecolor": "white", "edgecolor": "n
 
 def _edges(runs: Mapping[str, Frames], bins: int) -> np.ndarray:
     return series.grid(max(series.end_time_s(r.iterations, r.requests) for r in runs.values()), bins)
-
-
-def _stairs(ax, edges: np.ndarray, values: np.ndarray, **style) -> None:
-    ax.stairs(values, edges, baseline=None, **style)
 
 
 def _shade_arrivals(ax, runs: Mapping[str, Frames]) -> None:
@@ -49,7 +45,7 @@ def output_throughput(runs: Mapping[str, Frames], *, capacity_tokens_per_s: floa
     fig, ax = new_figure()
     for label, color in colors(runs).items():
         r = runs[label]
-        _stairs(ax, edges, series.output_tokens_per_s(r.iterations, r.requests, edges), color=color, label=label)
+        step_line(ax, edges, series.output_tokens_per_s(r.iterations, r.requests, edges), color=color, label=label)
     _shade_arrivals(ax, runs)
     _hline(ax, offered_tokens_per_s, f"offered load λ·E[out] = {offered_tokens_per_s or 0:,.0f} tok/s", "#9467bd")
     _hline(ax, capacity_tokens_per_s, f"capacity B/τ(B) at full batch = {capacity_tokens_per_s or 0:,.0f} tok/s")
@@ -89,9 +85,9 @@ def running_waiting(runs: Mapping[str, Frames], *, slots: int | None = None) -> 
         r = runs[label]
         running = series.step_mean(r.iterations, r.iterations["num_running"], edges)
         waiting = series.without_noise(np.maximum(series.in_system(r.requests, edges) - running, 0.0))
-        _stairs(top, edges, running, color=color, label=label)
-        _stairs(bottom, edges, waiting, color=color, label=label)
-        bottom.fill_between(edges[:-1], waiting, step="post", color=color, alpha=0.12)
+        step_line(top, edges, running, color=color, label=label)
+        step_line(bottom, edges, waiting, color=color, label=label)
+        step_band(bottom, edges, 0.0, waiting, color=color, alpha=0.12)
     _hline(top, slots, f"slots available = {slots}")
     for ax in (top, bottom):
         _shade_arrivals(ax, runs)
@@ -114,7 +110,7 @@ def kv_usage(runs: Mapping[str, Frames], *, num_blocks: int) -> Figure:
     for label, color in colors(runs).items():
         it = runs[label].iterations
         usage = 100 * series.step_mean(it, it["kv_blocks_used"], edges) / num_blocks
-        _stairs(ax, edges, usage, color=color, label=label)
+        step_line(ax, edges, usage, color=color, label=label)
         preempting = it[it["num_preempted"] > 0]
         if len(preempting):
             ax.plot(preempting["start_s"], np.full(len(preempting), 101.0), "|", color=color, markersize=9,
@@ -140,10 +136,10 @@ def batch_size(runs: Mapping[str, Frames], *, max_num_seqs: int | None = None) -
         it = runs[label].iterations
         useful = series.step_mean(it, it["batch_size"], edges)
         idle = series.step_mean(it, series.idle_slots(it), edges)
-        _stairs(ax, edges, useful, color=color)
+        step_line(ax, edges, useful, color=color)
         if idle.max(initial=0) > 0:
-            ax.fill_between(edges[:-1], useful, useful + idle, step="post", facecolor="none", edgecolor=color,
-                            hatch="///", linewidth=0, alpha=0.5)
+            step_band(ax, edges, useful, useful + idle, facecolor="none", edgecolor=color, hatch="///", linewidth=0,
+                      alpha=0.5)
             _annotate_tail(ax, edges, useful, idle, color)
         if max_num_seqs is not None:
             ax.axhline(max_num_seqs, color="0.35", linestyle="--", linewidth=1.2)
