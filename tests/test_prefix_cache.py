@@ -67,6 +67,21 @@ def test_a_cached_block_stays_findable_while_free_and_is_evicted_from_the_queue_
     assert pool.num_free == 0 and pool.allocate(1) is None and pool.ref_counts()[0] == 1
 
 
+def test_the_blocks_before_an_eviction_count_never_used_then_uncached_free_ones():
+    pool = CachingBlockPool(6)
+    r = req(0, 8, 1)
+    r.prefix_stream = 7
+    cached = computed(pool, r, 8).block_ids  # blocks 0, 1, published
+    loose = pool.allocate(1)  # block 2, never published
+    pool.free(loose)
+    pool.free(cached)  # the queue, oldest first: 2 (no key), 1, 0 (cached)
+    assert pool.num_free == 6
+    # Three never-used blocks (3, 4, 5), then block 2; the fifth allocated would be block 1: evicted.
+    assert pool.num_before_eviction(9) == 4 and pool.num_before_eviction(2) == 2
+    assert pool.allocate(4) == [3, 4, 5, 2] and pool.cached == {(7, 0): 0, (7, 1): 1}  # read only, and true
+    assert pool.num_before_eviction(1) == 0
+
+
 def test_one_off_requests_leave_no_index_behind():
     """Each request on a stream of its own is indexed under a new stream; once its blocks are evicted
     the stream is forgotten (within a doubling of the index), so the index stays bounded however many

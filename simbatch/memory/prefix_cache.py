@@ -308,6 +308,18 @@ class CachingBlockPool(BlockPool):
         gone = free & (self._queue_seq[ids] <= last_place)
         return int(gone.argmax()) if gone.any() else len(ids)
 
+    def num_before_eviction(self, limit: int) -> int:
+        """How many blocks, at most ``limit``, allocations may take from now before one evicts a cached
+        block (which a lookup could have found); read only. Never-used blocks go first, then the queue's
+        live entries, oldest first, as :meth:`allocate` takes them."""
+        unused = self.num_blocks - self._next_unused
+        if limit <= unused:
+            return limit
+        k = limit - unused
+        ahead, live = self._live_ahead(k)
+        cached = np.flatnonzero(self._key[ahead[live[:k]]])
+        return unused + (int(cached[0]) if len(cached) else min(k, len(live)))
+
     def free(self, ids: Sequence[int]) -> None:
         """Drop one reference to each block; the unreferenced join the queue, the request's last
         block first (so a request's tail is evicted before its head, which others may share).

@@ -377,7 +377,10 @@ class LockstepScheduler(ContinuousScheduler):
         or budget, a decode short of a block, with no victim to take one from) and stays so, as does
         admission, impossible at this plan: the running set is fixed, free blocks only shrink, the
         budget left is constant, policy keys are static. Only an arrival can change WAITING, and the
-        engine cuts the run when one comes.
+        engine cuts the run when one comes. With prefix caching, what a waiting request finds cached
+        changes too when a block the run takes evicts one, and a request that finds less may need
+        fewer free blocks (its chunk is counted from a lower start): while a request waits for a
+        free slot, the run ends before the step whose blocks would evict a cached one.
         """
         if not self._members_planned or len(plan.decodes) > self._members_planned or plan.slices or \
                 plan.admitted or plan.preempted or plan.swap_blocks:
@@ -395,6 +398,8 @@ class LockstepScheduler(ContinuousScheduler):
         self._waiting_at_plan = len(self.waiting)
         # Steps 2 .. j of the run take _group_blocks(step + 1, step + j) more blocks.
         free, size, bs = self.kv.device.num_free, len(self._group), self.kv.block_size
+        if self.kv.caching and len(self.waiting) and self._seats_taken() < self.max_num_seqs:
+            free = self.kv.device.num_before_eviction(free)
         if free >= -(-(k - 1) // bs) * size:
             return k  # enough for the most steps 2 .. k could take: one block per member per block_size steps
         cycles = min((k - 1) // bs, free // size)
