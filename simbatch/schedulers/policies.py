@@ -20,6 +20,7 @@ from simbatch.model.request import Request
 from simbatch.registry import POLICIES, Key
 
 _second = itemgetter(1)  # the request of a (key, request) entry
+_UNKNOWN = -1  # FairQueue's head tenant, to be found again
 
 
 def waiting_key(cfg: Scheduler) -> Key:
@@ -98,13 +99,16 @@ class FairQueue(WaitingQueue):
     the choice is O(tenants).
     """
 
-    __slots__ = ("_by_tenant", "_running", "_weights")
+    __slots__ = ("_by_tenant", "_running", "_weights", "_head")
 
     def __init__(self, weights: list[float], key: Key = lambda r: (r.request_id,)):
         super().__init__(key)
         self._weights = weights
         self._by_tenant: list[list[tuple[tuple, Request]]] = [[] for _ in weights]
         self._running = [0] * len(weights)
+        # The head's tenant as last found (None: the queue is empty), or _UNKNOWN once a push, a pop or
+        # a running count has changed: admission peeks, then pops, the same head.
+        self._head: int | None = _UNKNOWN
 
     def __iter__(self) -> Iterator[Request]:
         return map(_second, chain.from_iterable(self._by_tenant))
@@ -112,14 +116,18 @@ class FairQueue(WaitingQueue):
     def push(self, req: Request) -> None:
         heapq.heappush(self._by_tenant[req.tenant], (self._key(req), req))
         self._size += 1
+        self._head = _UNKNOWN
 
     def _head_tenant(self) -> int | None:
+        if self._head != _UNKNOWN:
+            return self._head
         best, best_key = None, None
         for t, heap in enumerate(self._by_tenant):
             if heap:
                 key = (self._running[t] / self._weights[t], heap[0][0])
                 if best_key is None or key < best_key:
                     best, best_key = t, key
+        self._head = best
         return best
 
     def peek(self) -> Request | None:
@@ -131,13 +139,16 @@ class FairQueue(WaitingQueue):
         if t is None:
             raise IndexError("pop from an empty queue")
         self._size -= 1
+        self._head = _UNKNOWN
         return heapq.heappop(self._by_tenant[t])[1]
 
     def on_admit(self, req: Request) -> None:
         self._running[req.tenant] += 1
+        self._head = _UNKNOWN
 
     def on_release(self, req: Request) -> None:
         self._running[req.tenant] -= 1
+        self._head = _UNKNOWN
 
 
 def _keyed(cfg: Scheduler, tenant_names: tuple[str, ...]) -> WaitingQueue:
