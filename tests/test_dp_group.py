@@ -110,7 +110,7 @@ def grouped(draw) -> dict:
             "cluster": {**scenario["cluster"], "replicas": dp * draw(st.integers(1, 2))}}
 
 
-@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(grouped())
 def test_every_ranks_step_k_has_the_same_start_and_end(scenario):
     times = StepTimes()
@@ -122,7 +122,7 @@ def test_every_ranks_step_k_has_the_same_start_and_end(scenario):
         assert all(r == ranks[0] for r in ranks)
 
 
-@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(grouped())
 def test_a_data_parallel_group_runs_alike_stepped_or_accelerated(scenario):
     assert_same_run(scenario)

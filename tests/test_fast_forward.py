@@ -144,7 +144,7 @@ def scenarios(draw) -> dict:
     return scenario
 
 
-@settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_fast_forward_equals_stepping(scenario):
     assert_same_run(scenario)
@@ -236,14 +236,14 @@ EVICTION_ADMITS = {
 }
 
 
-@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cache_routed(scenarios()))
 @example(scenario=EVICTION_ADMITS)
 def test_fast_forward_equals_stepping_routed_by_cache(scenario):
     assert_same_run(scenario)
 
 
-@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(autoscaled(scenarios()))
 def test_fast_forward_equals_stepping_autoscaled(scenario):
     assert_same_run(scenario)
@@ -265,7 +265,7 @@ def with_clients(draw, base) -> dict:
     return {**scenario, "workload": workload, "batching": batching, "cluster": cluster}
 
 
-@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(with_clients(scenarios()))
 def test_fast_forward_equals_stepping_with_a_client(scenario):
     assert_same_run(scenario)
@@ -326,7 +326,7 @@ def tie_scenarios(draw, trace_dir) -> dict:
     }
 
 
-@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(70), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_fast_forward_equals_stepping_on_exact_ties(data, tmp_path_factory):
     assert_same_run(data.draw(tie_scenarios(tmp_path_factory.getbasetemp())))
@@ -349,7 +349,7 @@ def run_lone_replica(scenario: Scenario, run_ahead: bool) -> tuple:
     return requests, iterations, summarize(scenario, requests, iterations, rec, end_s), rec.stall_gaps_s
 
 
-@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_running_ahead_of_simpy_is_invisible(scenario):
     """A lone accelerated replica that applies the steps ending before the next arrival at once,

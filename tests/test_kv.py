@@ -199,6 +199,26 @@ def test_with_prefix_caching_the_conservation_check_catches_a_block_lost_or_held
     b.block_ids = [3]  # a free block
     with pytest.raises(AssertionError, match="held twice, or held and free"):
         kv.check_conservation([a, b], [])
+    b.blocks, b.block_ids = 2, [1, 2]  # a's block shared without taking a reference to it
+    with pytest.raises(AssertionError, match="reference counts disagree"):
+        kv.check_conservation([a, b], [])
+    b.blocks, b.block_ids = 1, [4]  # a block the pool does not have
+    with pytest.raises(AssertionError, match="block number out of range"):
+        kv.check_conservation([a, b], [])
+
+
+def test_a_host_block_listed_twice_is_caught():
+    kv = KVCacheManager(KVCache(block_size=4, num_blocks=4, swap_blocks=2))
+    a, b = request(0), request(1)
+    for r in (a, b):
+        kv.allocate_slots(r, 4)
+        kv.computed(r, 4)
+        assert kv.swap_out(r)
+    assert (list(a.host_block_ids), list(b.host_block_ids)) == ([0], [1])
+    kv.check_conservation([], [a, b])
+    b.host_block_ids = [0]  # a's host block, and host block 1 lost: the counts still add up
+    with pytest.raises(AssertionError, match="host block held twice, or held and free"):
+        kv.check_conservation([], [a, b])
 
 
 OPS = st.lists(st.tuples(st.sampled_from(["grow", "compute", "release", "swap_out", "swap_in"]),

@@ -50,7 +50,8 @@ class PrefixCaching(Feature):
     name = "prefix_caching"
     description = "A request starts from the cached KV blocks of its longest cached prefix and computes the rest."
     switch = "kv_cache.enable_prefix_caching"
-    # Hits happen at admission, which a run of steps never crosses: its steps repeat as without it.
+    # Hits happen at admission, which a run of steps never crosses: its steps repeat as without it (a run
+    # ends before an eviction that could change what a waiting request finds: the KV pool says when).
     repeatable = True
 
     def __init__(self, scenario: Scenario):

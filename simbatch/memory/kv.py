@@ -26,10 +26,7 @@ only counted, the counts add up).
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Sequence
-from functools import lru_cache
-from itertools import chain
 from operator import attrgetter
 
 import numpy as np
@@ -280,10 +277,10 @@ class KVCacheManager:
                 "block counts disagree with the blocks held"
             # A block may have several holders (its reference count says how many): the distinct ones
             # are counted from their ids.
-            ids = [*chain.from_iterable(device_lists), *device.reserved_ids()]
-            assert len(set(ids)) + device.num_free == device.num_blocks, "device blocks not conserved"
+            refs = _holders_per_block(device.num_blocks, [*device_lists, device.reserved_ids()], "device")
+            assert np.count_nonzero(refs) + device.num_free == device.num_blocks, "device blocks not conserved"
             if every or 0 < device.num_blocks <= FULL_CHECK_BLOCKS:  # (an empty pool: the count says all)
-                _check_identities(device, ids, "device")
+                _check_identities(device, refs, "device")
         else:
             assert not any(map(len, map(_block_ids, device_holders))), "a request lists blocks nobody numbers"
             assert held + device.num_free == device.num_blocks, "device blocks not conserved"
@@ -291,7 +288,7 @@ class KVCacheManager:
         host_lists = list(map(_host_block_ids, host_holders))
         assert sum(map(len, host_lists)) + host.num_free == host.num_blocks, "host blocks not conserved"
         if every or 0 < host.num_blocks <= FULL_CHECK_BLOCKS:
-            _check_identities(host, list(chain.from_iterable(host_lists)), "host")
+            _check_identities(host, _holders_per_block(host.num_blocks, host_lists, "host"), "host")
         if self.host_tier is not None:
             self.host_tier.check()
 
@@ -335,19 +332,29 @@ def _give(req: Request, ids: list[int]) -> None:
             req.block_ids = np.concatenate((held, ids))
 
 
-def _check_identities(pool: BlockPool, held: list[int], name: str) -> None:
+def _holders_per_block(num_blocks: int, held: list[Sequence[int]], name: str) -> np.ndarray:
+    """How many of the lists ``held`` name each block of a pool of ``num_blocks`` (an array: the lists
+    hold hundreds of blocks each, and a set of them would cost more than the step it checks)."""
+    ids = np.concatenate([np.asarray(x, np.int64) for x in held if len(x)] or [np.empty(0, np.int64)])
+    assert not len(ids) or (ids.min() >= 0 and ids.max() < num_blocks), f"{name} block number out of range"
+    return np.bincount(ids, minlength=num_blocks)
+
+
+def _check_identities(pool: BlockPool, refs: np.ndarray, name: str) -> None:
+    """Every block of ``pool`` held (``refs``: by how many) or free, not both, and free at most once."""
     free = pool.free_ids()
     assert len(free) == pool.num_free, f"{name} free count disagrees with the free queue"
-    assert set(held).union(free) == _every_block(pool.num_blocks), f"{name} block held twice, or held and free"
+    queued = np.bincount(np.asarray(free, np.int64), minlength=pool.num_blocks)
+    assert len(queued) == pool.num_blocks and ((refs > 0) + queued == 1).all(), \
+        f"{name} block held twice, or held and free"
     ref_counts = getattr(pool, "ref_counts", None)
-    if ref_counts is not None:
-        assert Counter(held) == ref_counts(), f"{name} reference counts disagree"
-
-
-@lru_cache(maxsize=8)
-def _every_block(num_blocks: int) -> frozenset[int]:
-    """The numbers of a pool's blocks, as a set (made once per pool size: the tests check every step)."""
-    return frozenset(range(num_blocks))
+    if ref_counts is None:
+        assert refs.max(initial=0) <= 1, f"{name} block held twice"
+    else:
+        counted = ref_counts()
+        expected = np.zeros(pool.num_blocks, np.int64)
+        expected[list(counted)] = list(counted.values())
+        assert np.array_equal(refs, expected), f"{name} reference counts disagree"
 
 
 _block_ids, _host_block_ids, _blocks = attrgetter("block_ids"), attrgetter("host_block_ids"), attrgetter("blocks")
