@@ -16,8 +16,9 @@ the requests that change in it, not the batch size, and a run of identical steps
 Anything unusual (a block shortage, a preemption) takes the member out of the group, and the
 one-request-at-a-time rules apply unchanged.
 
-Fast-forward. A plan of lockstep decodes alone repeats, step after step, until a member finishes or
-the next block cannot be had (``repeatable_steps``); the engine takes such a run as one timeout.
+Fast-forward. A plan of lockstep decodes alone repeats, step after step, until a member finishes, the
+next block cannot be had, or (prefix caching, a request waiting for a slot) a block taken would evict a
+cached one (``repeatable_steps``); the engine takes such a run as one timeout.
 
 Speculative decoding declines both: a speculating decode emits a random number of tokens each step,
 so no two steps are alike. Its requests never join the group, every step is planned by the model's
