@@ -64,7 +64,7 @@ def test_a_cached_block_stays_findable_while_free_and_is_evicted_from_the_queue_
     assert pool.allocate(1) == [1] and pool.cached == {(7, 0): 0}  # then the queue's head, evicted
     assert pool.num_evictable([0]) == 1
     pool.touch([0])  # a hit takes a free cached block off the queue
-    assert pool.num_free == 0 and pool.allocate(1) is None and pool.ref_counts()[0] == 1
+    assert pool.num_free == 0 and pool.allocate(1) is None and pool.references()[0] == 1
 
 
 def test_the_blocks_before_an_eviction_count_never_used_then_uncached_free_ones():
@@ -100,11 +100,11 @@ def test_a_shared_block_returns_to_the_queue_with_its_last_holder():
     [b] = computed(pool, with_system_prompt(req(0, 5, 1), 4), 4).block_ids
     assert pool.cached == {(SYSTEM_PROMPT, 0): b}
     pool.touch([b])
-    assert pool.ref_counts()[b] == 2 and pool.num_evictable([b]) == 0
+    assert pool.references()[b] == 2 and pool.num_evictable([b]) == 0
     pool.free([b])
     assert pool.num_free == 1  # still held once
     pool.free([b])
-    assert pool.num_free == 2 and pool.free_ids() == [1, b]
+    assert pool.num_free == 2 and pool.free_ids().tolist() == [1, b]
     pool.free([b])  # once too often: the pool does not look (it costs every free), the check does
     kv = KVCacheManager(KVCache(block_size=4, num_blocks=2, enable_prefix_caching=True))
     kv.device = pool
@@ -269,8 +269,8 @@ def test_the_array_pool_keeps_the_plain_rules_through_thousands_of_turns(seed, n
             plain.publish(request, request.block_ids, len(hits), block_size)
             publish(pool, request, block_size)
             holders.append(request)
-        assert pool.num_free == plain.num_free and pool.free_ids() == plain.free_ids()
-        assert pool.cached == plain.cached and pool.ref_counts() == {b: k for b, k in plain.ref.items() if k}
+        assert pool.num_free == plain.num_free and pool.free_ids().tolist() == plain.free_ids()
+        assert pool.cached == plain.cached and pool.references().tolist() == [plain.ref.get(b, 0) for b in range(pool.num_blocks)]
         assert pool._num_queued <= 3 * num_blocks  # stale queue entries are dropped: its memory is bounded
 
 
@@ -324,7 +324,7 @@ def test_a_second_request_skips_the_system_prompt_the_first_computed():
     # The first decodes token 11; the second finds 8 tokens cached and prefills only 2.
     assert tokens(plan) == {0: 1, 1: 2} and plan.prefill_tokens == 2
     assert second.num_cached_tokens == 8 and list(second.block_ids[:2]) == list(first.block_ids[:2])
-    assert d.sched.kv.device.ref_counts()[first.block_ids[0]] == 2
+    assert d.sched.kv.device.references()[first.block_ids[0]] == 2
     while d.sched.running:
         d.run()
     assert d.sched.kv.device.num_free == 64  # shared blocks freed once each, by their last holder

@@ -539,10 +539,11 @@ class CachingBlockPool(BlockPool):
         """Streams the index holds, dead ones not yet forgotten included (bounded: see _offer)."""
         return len(self._streams)
 
-    def ref_counts(self) -> dict[int, int]:
-        """{block: references} of every referenced block."""
-        held = np.flatnonzero(self._ref)
-        return dict(zip(held.tolist(), self._ref[held].tolist(), strict=True))
+    def references(self) -> np.ndarray:
+        """Each block's reference count (read only)."""
+        return self._ref
 
-    def free_ids(self) -> list[int]:
-        return [*range(self._next_unused, self.num_blocks), *self._live_entries().tolist()]
+    def free_ids(self) -> np.ndarray:
+        """Every block in the free queue, as an array (for checks: O(num_blocks), a list would cost
+        more than the steps a check runs between)."""
+        return np.concatenate((np.arange(self._next_unused, self.num_blocks), self._live_entries()))
