@@ -1,9 +1,9 @@
 """Plumbing of the validation suite: its two modes, Little's law on every run, and the report.
 
-``SIMBATCH_VALIDATION=quick`` (the default, ``make validate-quick``, which CI runs after ``make test``) runs every check with few
-replications and short horizons; ``full`` (``make validate``) with many and long ones, and then
-writes ``docs/validation.md`` -- but only when the whole suite ran, so the report never describes
-a subset.
+``SIMBATCH_VALIDATION=quick`` (the default: ``make validate-quick``, which CI runs after ``make test``)
+runs every check with few replications and short horizons; ``full`` (``make validate``) with many and
+long ones, and then writes ``docs/validation.md`` -- but only when the whole suite ran, so the report
+never describes a subset.
 """
 
 from __future__ import annotations
