@@ -344,9 +344,8 @@ def _check_identities(pool: BlockPool, refs: np.ndarray, name: str) -> None:
     """Every block of ``pool`` held (``refs``: by how many) or free, not both, and free at most once."""
     free = pool.free_ids()
     assert len(free) == pool.num_free, f"{name} free count disagrees with the free queue"
-    queued = np.bincount(np.asarray(free, np.int64), minlength=pool.num_blocks)
-    assert len(queued) == pool.num_blocks and ((refs > 0) + queued == 1).all(), \
-        f"{name} block held twice, or held and free"
+    queued = _holders_per_block(pool.num_blocks, [free], f"{name} free")
+    assert ((refs > 0) + queued == 1).all(), f"{name} block held twice, or held and free"
     references = getattr(pool, "references", None)
     if references is None:
         assert refs.max(initial=0) <= 1, f"{name} block held twice"
