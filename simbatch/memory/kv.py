@@ -100,6 +100,11 @@ class KVCacheManager:
         """``req`` computed ``n`` more tokens: their KV is in its blocks."""
         req.num_computed_tokens += n
 
+    def computed_each(self, reqs: Iterable[Request]) -> None:
+        """Each of ``reqs`` computed one more token (a step's one-token decodes)."""
+        for req in reqs:
+            req.num_computed_tokens += 1
+
     def recompute(self, req: Request) -> None:
         """``req`` is preempted by recompute: its blocks are freed (with prefix caching, found again
         by a later lookup while nobody has evicted them) and it has computed nothing."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from operator import attrgetter
 
 from simbatch.config import Scenario
@@ -84,18 +84,22 @@ class BaseScheduler(ABC):
         self.running.append(req)
         self.waiting.on_admit(req)
 
-    def _emit_token(self, req: Request, end_s: float, step: int, outcome: StepOutcome, n: int = 1) -> None:
-        """``req`` sampled ``n`` tokens at the end of ``step`` (more than one: accepted drafts), streamed
-        as one chunk, which is one inter-token gap (simbatch.analysis.summary)."""
-        if req.num_generated == 0:
-            req.first_token_s = end_s
-        elif req.last_token_step == step - 1:
-            outcome.itl_tokens += 1
-        else:
-            outcome.stall_gaps_s.append(end_s - req.last_token_s)
-        req.num_generated += n
-        req.last_token_s = end_s
-        req.last_token_step = step
+    def _emit_tokens(self, reqs: Iterable[Request], end_s: float, step: int, outcome: StepOutcome,
+                     n: int = 1) -> None:
+        """Each of ``reqs`` sampled ``n`` tokens at the end of ``step`` (more than one: accepted drafts),
+        streamed as one chunk, which is one inter-token gap (simbatch.analysis.summary)."""
+        itl, last, gaps = 0, step - 1, outcome.stall_gaps_s
+        for req in reqs:
+            if req.num_generated == 0:
+                req.first_token_s = end_s
+            elif req.last_token_step == last:
+                itl += 1
+            else:
+                gaps.append(end_s - req.last_token_s)
+            req.num_generated += n
+            req.last_token_s = end_s
+            req.last_token_step = step
+        outcome.itl_tokens += itl
 
     def _retire(self, req: Request, end_s: float) -> None:
         """``req`` is done; its blocks are released with the step's other finished requests

@@ -227,10 +227,10 @@ class ContinuousScheduler(BaseScheduler):
         sched = self._sched
         if not sched:
             return False
-        decodes, slices, extended = [], [], 0
+        decodes, slices, extended, kv_tokens = [], [], 0, 0
         for req, n in sched.items():
             k = req.num_computed_tokens  # the cached context this slice reads
-            plan.kv_tokens += k
+            kv_tokens += k
             if req.prefill_pending:
                 slices.append((req, n))
                 plan.prefill_tokens += n
@@ -243,6 +243,7 @@ class ContinuousScheduler(BaseScheduler):
                 extended += 1
         plan.decodes, plan.slices = decodes, slices
         plan.decode_seqs = len(decodes) + extended
+        plan.kv_tokens += kv_tokens
         return True
 
     def _schedule_decodes(self, now: float, plan: StepPlan) -> None:
@@ -252,6 +253,7 @@ class ContinuousScheduler(BaseScheduler):
         always leaving one token of the budget for each decode after it."""
         extra = self._decode_tokens
         after = len(self.running) - len(self._prefilling) if extra else 0  # decodes not yet planned
+        sched, allocate_slots = self._sched, self.kv.allocate_slots
         for req in list(self.running):  # a snapshot: victims leave mid-loop
             if req.status is not RUNNING or req.prefill_pending:
                 continue  # preempted earlier in this loop, or prefilling (rule 2)
@@ -260,9 +262,10 @@ class ContinuousScheduler(BaseScheduler):
                 after -= 1
                 for more in extra:
                     n += more(req, self._budget - n - after)
-            self._take(req, n)
-            if not self._reserve(req, n, now, plan):
-                self._budget += self._sched.pop(req)  # stalls, keeping its blocks
+            sched[req] = n  # (_take and _reserve written out: this runs per decode per step)
+            self._budget -= n
+            if allocate_slots(req, n) is None and not self._reserve(req, n, now, plan):
+                self._budget += sched.pop(req)  # stalls, keeping its blocks
 
     def _replan(self, now: float, carried: StepPlan) -> StepPlan | Idle:
         """Plan again after a forced preemption. The step preempted, so it admits nobody (its victim
@@ -483,16 +486,17 @@ class ContinuousScheduler(BaseScheduler):
     def finish_step(self, plan: StepPlan, end_s: float, step: int) -> StepOutcome:
         outcome = StepOutcome([], 0, [])
         self._apply_decodes(plan.decodes, end_s, step, outcome)
-        self._apply_slices(plan, end_s, step, outcome)
-        self._drop_finished(outcome.finished)
+        if plan.slices:
+            self._apply_slices(plan, end_s, step, outcome)
+        if outcome.finished:
+            self._drop_finished(outcome.finished)
         return outcome
 
     def _apply_decodes(self, decodes: Sequence[Request], end_s: float, step: int, outcome: StepOutcome) -> None:
         """Each one-token decode computes its token and samples the next."""
-        computed = self.kv.computed
-        for req in decodes:
-            computed(req, 1)
-            self._sampled(req, 1, end_s, step, outcome)
+        self.kv.computed_each(decodes)
+        self._emit_tokens(decodes, end_s, step, outcome)
+        self._after_sampling(decodes, end_s, outcome)
 
     def _apply_slices(self, plan: StepPlan, end_s: float, step: int, outcome: StepOutcome) -> None:
         """Each prefill chunk and speculative decode computes its tokens; one that caught up samples."""
@@ -512,16 +516,18 @@ class ContinuousScheduler(BaseScheduler):
             if req.prefill_pending:
                 req.prefill_pending = False
                 del self._prefilling[req]
-            self._sampled(req, emitted, end_s, step, outcome)
+            self._emit_tokens((req,), end_s, step, outcome, emitted)
+            self._after_sampling((req,), end_s, outcome)
 
-    def _sampled(self, req: Request, emitted: int, end_s: float, step: int, outcome: StepOutcome) -> None:
-        """``req`` caught up and sampled ``emitted`` tokens: it is done, handed off, or decodes on (rule 4)."""
-        self._emit_token(req, end_s, step, outcome, emitted)
-        if req.num_generated >= req.output_tokens:
-            self._retire(req, end_s)
-            outcome.finished.append(req)
-        elif self._hands_off and req.num_generated == 1 and self._handed_off(req):
-            self._send(req)  # decoded elsewhere
+    def _after_sampling(self, reqs: Sequence[Request], end_s: float, outcome: StepOutcome) -> None:
+        """Requests that caught up and sampled: each is done, handed off, or decodes on (rule 4)."""
+        finished, hands_off = outcome.finished, self._hands_off
+        for req in reqs:
+            if req.num_generated >= req.output_tokens:
+                self._retire(req, end_s)
+                finished.append(req)
+            elif hands_off and req.num_generated == 1 and self._handed_off(req):
+                self._send(req)  # decoded elsewhere
 
     def _handed_off(self, req: Request) -> bool:
         return any(hands_off(req) for hands_off in self._hands_off)

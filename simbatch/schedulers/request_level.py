@@ -165,7 +165,7 @@ class RequestLevelScheduler(BaseScheduler):
         for req, n in plan.slices:
             self.kv.computed(req, n)
             req.prefill_pending = False
-            self._emit_token(req, end_s, step, outcome)
+        self._emit_tokens([req for req, _ in plan.slices], end_s, step, outcome)
         return self._settle(end_s, outcome)
 
     def _settle(self, end_s: float, outcome: StepOutcome) -> StepOutcome:
