@@ -100,10 +100,10 @@ class KVCacheManager:
         """``req`` computed ``n`` more tokens: their KV is in its blocks."""
         req.num_computed_tokens += n
 
-    def computed_each(self, reqs: Iterable[Request]) -> None:
-        """Each of ``reqs`` computed one more token (a step's one-token decodes)."""
+    def computed_each(self, reqs: Iterable[Request], n: int = 1) -> None:
+        """Each of ``reqs`` computed ``n`` more tokens (a step's one-token decodes, a batch's run of steps)."""
         for req in reqs:
-            req.num_computed_tokens += 1
+            req.num_computed_tokens += n
 
     def recompute(self, req: Request) -> None:
         """``req`` is preempted by recompute: its blocks are freed (with prefix caching, found again

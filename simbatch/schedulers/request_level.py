@@ -133,27 +133,24 @@ class RequestLevelScheduler(BaseScheduler):
         every row, and decode step ``t`` (from 1) reads ``p + t - 1`` cached tokens in every slot,
         ``p`` its (padded) prompt: a done slot still grows, as its reserved blocks do.
         """
-        plan = StepPlan(slices=[])
+        plan = StepPlan()
         batch = self.batch
         if not self._prefilled:
-            p_max = max(r.prompt_tokens for r in batch)
-            self._rows_tokens = 0
-            for req in batch:
-                plan.slices.append((req, req.prompt_tokens))
-                plan.prefill_tokens += req.prompt_tokens
-                if self.pad:
-                    plan.padded_prefill_tokens += p_max - req.prompt_tokens
-                row = p_max if self.pad else req.prompt_tokens
-                plan.attention_pairs_x2 += row * row  # c (2k + c), nothing cached yet
-                self._rows_tokens += row
+            plan.slices = [(req, req.prompt_tokens) for req in batch]
+            plan.prefill_tokens = sum(req.prompt_tokens for req in batch)
+            if self.pad:  # every row as long as the longest prompt
+                p_max = max(r.prompt_tokens for r in batch)
+                plan.padded_prefill_tokens = len(batch) * p_max - plan.prefill_tokens
+                plan.attention_pairs_x2 = len(batch) * p_max * p_max  # c (2k + c) a row, nothing cached yet
+                self._rows_tokens = len(batch) * p_max
+            else:
+                plan.attention_pairs_x2 = sum(req.prompt_tokens ** 2 for req in batch)
+                self._rows_tokens = plan.prefill_tokens
             plan.admitted = batch.copy()  # the batch was formed for this step: every member admitted now
             return plan
-        for req in batch:
-            if req.status is Status.RUNNING:
-                plan.slices.append((req, 1))
-                plan.decode_seqs += 1
-            else:
-                plan.padded_decode_seqs += 1
+        plan.slices = [(req, 1) for req in batch if req.status is Status.RUNNING]
+        plan.decode_seqs = len(plan.slices)
+        plan.padded_decode_seqs = len(batch) - plan.decode_seqs
         steps_since_prefill = plan.slices[0][0].num_generated - 1
         plan.kv_tokens = self._rows_tokens + len(batch) * steps_since_prefill
         return plan
@@ -171,7 +168,7 @@ class RequestLevelScheduler(BaseScheduler):
     def _settle(self, end_s: float, outcome: StepOutcome) -> StepOutcome:
         """Done requests finish (keeping their slots); the batch ends when none is left running."""
         for req in self.running:
-            if req.done:
+            if req.num_generated >= req.output_tokens:  # (done, written out: this runs per request per step)
                 req.status = Status.FINISHED
                 req.finish_s = end_s
                 self.waiting.on_release(req)

@@ -38,8 +38,8 @@ class BatchRuns(RequestLevelScheduler):
         if n == 1:
             return self.finish_step(plan, end_s, step)
         outcome = StepOutcome([], n * plan.decode_seqs, [])
+        self.kv.computed_each(self.running, n)
         for req in self.running:
-            self.kv.computed(req, n)
             req.num_generated += n
             req.last_token_s = end_s
             req.last_token_step = step + n - 1
