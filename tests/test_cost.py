@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from simbatch.analysis.capacity import stability
 from simbatch.config import Device
@@ -133,6 +135,24 @@ def test_the_gemm_tile_switch_charges_steps_inside_its_window_only():
     roofline = LinearCost.of(device.model_copy(update={"weights_ms": 20.0}))
     assert roofline.step_ms(17) - roofline.step_ms(16) == pytest.approx(3.0)
     assert LinearCost.of(device.model_copy(update={"gemm_tier_tokens": None})).step_ms(17) == pytest.approx(27.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(tau0=st.floats(0.001, 50), beta=st.floats(0, 2), gamma=st.floats(0, 0.2), swap=st.floats(0, 0.5),
+       counts=st.lists(st.integers(0, 5000), min_size=6, max_size=6),
+       extra=st.sampled_from([{}, {"gemm_tier_tokens": [16, 64], "gemm_tier_ms": 0.7},
+                              {"moe": {"num_experts": 8, "experts_per_token": 2, "local_experts": 8, "expert_read_ms": 0.1}}]))
+def test_the_engine_s_per_plan_function_is_plan_ns(tau0, beta, gamma, swap, counts, extra):
+    """What the engine calls per plan (plan_ns_function: for the plain sum, the coefficients bound in a
+    closure) gives plan_ns's nanoseconds, to the bit."""
+    from simbatch.model.cost import LinearCost
+    from simbatch.model.step import StepPlan
+
+    cost = LinearCost.of(Device(tau0_ms=tau0, beta_ms=beta, prefill_ms_per_token=gamma, **extra), swap)
+    plan = StepPlan()
+    (plan.decode_seqs, plan.padded_decode_seqs, plan.prefill_tokens, plan.padded_prefill_tokens, plan.draft_tokens,
+     plan.swap_blocks) = counts
+    assert cost.plan_ns_function()(plan) == cost.plan_ns(plan)
 
 
 def test_a_gemm_tile_window_must_be_ordered():

@@ -339,31 +339,30 @@ class Feed:
     one. Everything an arrival does is the cluster's as before (:meth:`Engine._arrive`).
     """
 
-    __slots__ = ("_engine", "_replica", "_rows", "_latency_ns", "_next")
+    __slots__ = ("_engine", "_replica", "_rows", "_latency_ns", "_next", "_next_ns")
 
     def __init__(self, engine: Engine, replica: Replica):
         self._engine, self._replica, self._rows = engine, replica, engine._rows()
         self._latency_ns = engine._request_latency_ns  # received this long after it was sent, as _arrivals does
-        self._next = None
+        self._next, self._next_ns = None, math.inf  # the next arrival (index, time in s, columns), and its time
         self._advance()
 
     def _advance(self) -> None:
         row = next(self._rows, None)
         if row is None:
-            self._next = None
+            self._next, self._next_ns = None, math.inf
             self._engine._close()  # (sets the replica's next_arrival_ns to inf)
             return
         i, (t, t_s, *request) = row
         if self._latency_ns:
             t += self._latency_ns
             t_s = t / NS_PER_S
-        self._next = i, t, t_s, request
+        self._next, self._next_ns = (i, t_s, request), t
         self._replica.next_arrival_ns = t
 
     def receive_until(self, t_ns: int) -> None:
         """Receive every request due at or before ``t_ns``, in order."""
         arrive = self._engine._arrive
-        while self._next is not None and self._next[1] <= t_ns:
-            i, _, t_s, request = self._next
-            arrive(i, t_s, request)
+        while self._next_ns <= t_ns:
+            arrive(*self._next)
             self._advance()

@@ -48,6 +48,11 @@ class BlockPool:
     def num_used(self) -> int:
         return self.num_blocks - self.num_free
 
+    @property
+    def ever_used(self) -> bool:
+        """Whether a block was ever handed out (until then every block is free, in order, and held by nobody)."""
+        return self._next_unused > 0
+
     def allocate(self, n: int) -> list[int] | None:
         """``n`` free blocks, or None (and no change) if fewer are free."""
         if n > self.num_free:
@@ -113,8 +118,9 @@ class CountedBlockPool:
 
     def reserve(self, n: int) -> bool:
         """``n`` free blocks taken for holders named later (:meth:`claim`); False (and no change) if fewer are free."""
-        if not self.take(n):
+        if n > self.num_free:  # (take, written out: a lockstep group reserves its blocks every plan)
             return False
+        self.num_free -= n
         self.num_reserved += n
         return True
 

@@ -292,7 +292,8 @@ class KVCacheManager:
         # The host: one holder a block.
         host_lists = list(map(_host_block_ids, host_holders))
         assert sum(map(len, host_lists)) + host.num_free == host.num_blocks, "host blocks not conserved"
-        if every or 0 < host.num_blocks <= FULL_CHECK_BLOCKS:
+        # (A host pool nobody ever swapped to has nothing to check: most runs never swap.)
+        if (every or 0 < host.num_blocks <= FULL_CHECK_BLOCKS) and host.ever_used:
             _check_identities(host, _holders_per_block(host.num_blocks, host_lists, "host"), "host")
         if self.host_tier is not None:
             self.host_tier.check()

@@ -302,10 +302,20 @@ class LinearCost:
 
     def plan_ns_function(self) -> Callable[..., int]:
         """:meth:`plan_ns`, or, for a cost without the roofline whose steps read no context, the function
-        it comes down to (the engine calls it per plan)."""
-        if self.weights_ms is None and not (self.kv_read_fs_per_token or self.attention_fs_per_pair):
+        it comes down to (the engine calls it per plan): ``_base_ns``, and for the plain sum (no experts,
+        no tile switch) ``_base_ns`` with its coefficients bound, the same operations in the same order."""
+        if self.weights_ms is not None or self.kv_read_fs_per_token or self.attention_fs_per_pair:
+            return self.plan_ns
+        if self.expert_read_ms or self.tier_ms:
             return self._base_ns
-        return self.plan_ns
+        tau0, beta, gamma, swap = self.tau0_ms, self.beta_ms, self.gamma_ms, self.swap_ms_per_block
+
+        def linear_ns(plan: StepPlan) -> int:
+            ms = tau0 + beta * (plan.decode_seqs + plan.padded_decode_seqs) + \
+                gamma * (plan.prefill_tokens + plan.padded_prefill_tokens + plan.draft_tokens) + swap * plan.swap_blocks
+            ns = int(ms * 1_000_000 + 0.5)
+            return ns if ns > 0 else 1
+        return linear_ns
 
     def plan_ns(self, plan: StepPlan, extra_ms: float = 0.0) -> int:
         """Duration of a planned step on the clock's grid, ns: its decodes and prefill tokens, padding

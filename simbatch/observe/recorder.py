@@ -218,9 +218,8 @@ class Recorder(Observer):
         row); ``duration_s`` is the mean of its steps' durations (exact when they are equal: ``busy_ns``
         is a multiple of the count)."""
         rows = self._rows
-        rows += (run.replica, run.start_s, run.num_steps, run.busy_ns / run.num_steps / NS_PER_S)
-        rows += run.shape
-        rows.append(run.kv_blocks_sum)
+        rows += (run.replica, run.start_s, run.num_steps, run.busy_ns / run.num_steps / NS_PER_S, *run.shape,
+                 run.kv_blocks_sum)
         if len(rows) >= _PACK_VALUES:
             self._pack()
 

@@ -35,6 +35,7 @@ until each member leaves with its own.
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter, mul
 
 from simbatch.config import Scenario
@@ -47,18 +48,20 @@ from simbatch.schedulers.continuous import ContinuousScheduler
 from simbatch.schedulers.policies import WaitingQueue
 
 
+@dataclass(slots=True, eq=False)
 class LockstepRequest(Request):
     """A request of the accelerated engine. Out of a lockstep group it is a plain request (its counters
     plain attributes); in one it is a :class:`LockstepMember` (``join_lockstep``), whose counters read
-    through the group's clock."""
+    through the group's clock.
 
-    __slots__ = ("_computed", "_generated", "_last_token_s", "_last_token_step", "lockstep")
+    A dataclass, as :class:`Request` is: one generated ``__init__`` per arrival, not a second call."""
 
-    def __init__(self, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int, tenant: int = 0,
-                 priority: int = 0):
-        # (An arrival's fields by name, not *args: this runs per request.)
-        Request.__init__(self, request_id, arrival_s, prompt_tokens, output_tokens, tenant, priority)
-        self.lockstep: LockstepScheduler | None = None
+    lockstep: LockstepScheduler | None = None
+    # Its counters as they stood when it joined its group (set then: never read out of one).
+    _computed: int = field(init=False, repr=False)
+    _generated: int = field(init=False, repr=False)
+    _last_token_s: float = field(init=False, repr=False)
+    _last_token_step: int = field(init=False, repr=False)
 
     def join_lockstep(self, group: LockstepScheduler) -> None:
         """Into ``group``: its counters stored as they stand, read from now on through the group's clock."""
@@ -129,6 +132,7 @@ class LockstepScheduler(ContinuousScheduler):
         # Members needing a new block in step t: _phase[t % block_size], which _phase[t % block_size
         # + block_size] repeats, so that steps t .. t + block_size - 1 are _phase[t % block_size:][:block_size].
         self._phase = [0] * (2 * kv.block_size)
+        self._block_size = kv.block_size  # (the KV manager's, read once: most plans need it)
         self._phase_members: list[dict[Request, None]] = [{} for _ in range(kv.block_size)]
         self._granted_all = False  # every member that needed a block this step has it ...
         self._granted: set[Request] = set()  # ... or only these (blocks were short)
@@ -153,7 +157,11 @@ class LockstepScheduler(ContinuousScheduler):
                 plan = StepPlan()
                 if waiting:
                     self._admit_waiting(now, plan)
-                self._assemble(plan)
+                    self._assemble(plan)
+                else:  # the group alone: _assemble's plan of the members, with nothing scheduled one by one
+                    members = self._members or self._members_now()
+                    n = self._members_planned = len(members)
+                    plan.decodes, plan.decode_seqs, plan.kv_tokens = members, n, self._group_context + n * self.clock
                 device = self.kv.device
                 self._plan_used = device.num_blocks - device.num_free
                 return plan
@@ -183,7 +191,7 @@ class LockstepScheduler(ContinuousScheduler):
     def _reserve_group(self) -> bool:
         """The blocks the members crossing into a new block this step need, taken at once; False (and no
         change) if blocks are short, and then they go one by one (_reserve_decodes_one_by_one)."""
-        n = self._phase[self.clock % self.kv.block_size]
+        n = self._phase[self.clock % self._block_size]
         if n and not self.kv.take_bulk(n):
             return False
         self._group_reserved = self._granted_all = True
@@ -224,10 +232,13 @@ class LockstepScheduler(ContinuousScheduler):
             self._members_planned = 0
             return scheduled
         members = self._members or self._members_now()
-        plan.decodes = (*members, *plan.decodes) if scheduled else members
         n = self._members_planned = len(members)
-        plan.decode_seqs += n
-        plan.kv_tokens += self._group_context + n * self.clock
+        if scheduled:
+            plan.decodes = (*members, *plan.decodes)
+            plan.decode_seqs += n
+            plan.kv_tokens += self._group_context + n * self.clock
+        else:
+            plan.decodes, plan.decode_seqs, plan.kv_tokens = members, n, self._group_context + n * self.clock
         return True
 
     def _members_now(self) -> tuple[Request, ...]:
@@ -292,10 +303,10 @@ class LockstepScheduler(ContinuousScheduler):
     # ---------------------------------------------------------------- the lockstep group
     def _join(self, req: LockstepRequest) -> None:
         """``req`` sampled a token in the last step and goes on decoding: from now on it advances with the clock."""
-        bs, clock, computed = self.kv.block_size, self.clock, req.num_computed_tokens
+        bs, clock, computed, phase = self._block_size, self.clock, req.num_computed_tokens, self._phase
         p = (clock - computed) % bs
-        self._phase[p] += 1
-        self._phase[p + bs] += 1
+        phase[p] += 1
+        phase[p + bs] += 1
         self._phase_members[p][req] = None
         heapq.heappush(self._done, (clock + req.output_tokens - req.num_generated, req.request_id, req))
         self._group_context += computed - clock
@@ -306,11 +317,11 @@ class LockstepScheduler(ContinuousScheduler):
     def _leave(self, req: Request) -> None:
         """Out of the lockstep, its counters stored as they stand (its heap entry goes stale: see
         _retire_done)."""
-        bs, clock, joined = self.kv.block_size, self.clock, self._group[req]
+        bs, clock, joined, phase = self._block_size, self.clock, self._group[req], self._phase
         computed = req._computed + clock - joined  # num_computed_tokens, read through the clock
         p = (clock - computed) % bs
-        self._phase[p] -= 1
-        self._phase[p + bs] -= 1
+        phase[p] -= 1
+        phase[p + bs] -= 1
         del self._phase_members[p][req]
         planned = self._group_reserved and (self._granted_all or req in self._granted)
         self._group_context -= computed - clock
@@ -318,7 +329,7 @@ class LockstepScheduler(ContinuousScheduler):
         self._members = None
         req.leave_lockstep(clock - joined, self.last_end_s, clock - 1)
         # Its count is its own blocks again, those it joined with: the ones taken in bulk for it join them.
-        own = blocks_for(computed + planned, bs) - req.blocks
+        own = -(-(computed + planned) // bs) - req.blocks  # blocks_for(...), written out: per request
         if own:
             self.kv.assign_bulk(req, own)
 
@@ -351,7 +362,7 @@ class LockstepScheduler(ContinuousScheduler):
 
     def _group_blocks(self, t0: int, t1: int) -> int:
         """Blocks the group takes in steps t0 .. t1 - 1: every member one per ``block_size`` steps."""
-        bs = self.kv.block_size
+        bs = self._block_size
         cycles, rest = divmod(t1 - t0, bs)
         a = t0 % bs
         return cycles * len(self._group) + sum(self._phase[a:a + rest])
@@ -383,8 +394,10 @@ class LockstepScheduler(ContinuousScheduler):
         fewer free blocks (its chunk is counted from a lower start): while a request waits for a
         free slot, the run ends before the step whose blocks would evict a cached one.
         """
-        if not self._members_planned or len(plan.decodes) > self._members_planned or plan.slices or \
-                plan.admitted or plan.preempted or plan.swap_blocks:
+        # (An admission is scheduled, a slice or a decode, and a swap moves blocks for an admission or a
+        # preemption: so a plan of members alone that preempted nobody admitted and swapped nothing.)
+        members = self._members_planned
+        if not members or len(plan.decodes) > members or plan.slices or plan.preempted:
             return 1
         if self._unseen or self._done_held:
             return 1  # async scheduling: the next plan sees these arrivals, or has these requests' room
@@ -396,10 +409,10 @@ class LockstepScheduler(ContinuousScheduler):
         k = t - step  # the first completion happens in the k-th step of the run
         if k <= 1:
             return 1
-        self._waiting_at_plan = len(self.waiting)
+        waiting = self._waiting_at_plan = len(self.waiting)
         # Steps 2 .. j of the run take _group_blocks(step + 1, step + j) more blocks.
-        free, size, bs = self.kv.device.num_free, len(self._group), self.kv.block_size
-        if self.kv.caching and len(self.waiting) and self._seats_taken() < self.max_num_seqs:
+        free, size, bs = self.kv.device.num_free, len(self._group), self._block_size
+        if waiting and self.kv.caching and self._seats_taken() < self.max_num_seqs:
             free = self.kv.device.num_before_eviction(free)
         if free >= -(-(k - 1) // bs) * size:
             return k  # enough for the most steps 2 .. k could take: one block per member per block_size steps
@@ -435,7 +448,7 @@ class LockstepScheduler(ContinuousScheduler):
         # Written u = t - s - 1 = q block_size + v, the full cycles q < c sum in closed form.
         if n <= 1:
             return n * self._plan_used
-        bs, phase, size = self.kv.block_size, self._phase, len(self._group)
+        bs, phase, size = self._block_size, self._phase, len(self._group)
         a = (self.clock + 1) % bs
         cycles, rest = divmod(n - 1, bs)
         total = n * self._plan_used + sum(map(mul, phase[a:a + rest], range(rest, 0, -1)))
