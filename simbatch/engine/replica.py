@@ -55,17 +55,23 @@ def scheduler_for(scenario: Scenario, tenant_names: tuple[str, ...] = ("default"
 class Replica:
     """One engine: a scheduler, its KV cache, its accelerator, and the SimPy process that steps it."""
 
-    # Set on a rank of a data-parallel MoE engine, whose group steps it (simbatch.engine.dp_group), not _run.
-    # (A class default: one attribute more in __init__ would enlarge every replica's attribute dict.)
-    group = None
-    # Set by the cluster on a lone replica running ahead (simbatch.engine.cluster.Feed): it receives its
-    # requests itself, as its clock passes them, and no SimPy process sends them.
-    feed = None
+    # Slots: the loop reads its replica's attributes every plan, and an instance dict of 30 keys or more
+    # is read about half again as slowly (a fleet's replicas are smaller, too).
+    __slots__ = ("env", "index", "device", "cost", "scheduler", "accel", "_feature_ms", "recorder", "observers",
+                 "step_observers", "run_observers", "single_step_observers", "move_observers", "check", "step",
+                 "_wake", "_step_ctx", "_run_start_ns", "_run_durations", "_run_offset", "_run_ctx",
+                 "plans_after_sends", "next_arrival_ns", "knows_arrivals", "run_ahead", "stop_at_ns", "pool",
+                 "dispatcher", "process", "group", "feed")
 
     def __init__(self, env: simpy.Environment, index: int, scenario: Scenario, recorder: Recorder,
                  tenant_names: tuple[str, ...], check_invariants: bool = False,
                  observers: Sequence[Observer] = ()):
         self.env = env
+        # Set on a rank of a data-parallel MoE engine, whose group steps it (simbatch.engine.dp_group), not _run.
+        self.group = None
+        # Set by the cluster on a lone replica running ahead (simbatch.engine.cluster.Feed): it receives its
+        # requests itself, as its clock passes them, and no SimPy process sends them.
+        self.feed = None
         self.index = index
         self.device = scenario.device
         self.cost = LinearCost.of(scenario.device, scenario.kv_cache.swap_ms_per_block)

@@ -72,6 +72,14 @@ def _arrival_order(req: Request) -> int:
 
 
 class ContinuousScheduler(BaseScheduler):
+    # (And a dict: ``schedule`` and ``add`` may be bound per instance, see __init__.)
+    __slots__ = ("token_budget", "max_num_seqs", "chunked", "chunk_cap", "swap", "max_preemptions",
+                 "evicts_at_admission", "victims_by_admission", "head_of_line_blocking", "_victim_key",
+                 "_waiting_key", "features", "repeatable", "_decode_tokens", "_applied", "_admits", "_admitted",
+                 "_left", "_receives", "_receiving", "_prefill_computed", "_hands_off", "_cache", "_sched", "_budget",
+                 "_prefilling", "_sending", "_incoming", "_delivered", "async_scheduling", "_arrived", "_unseen",
+                 "_done_last_step", "_done_held", "_stepping", "__dict__")
+
     def __init__(self, scenario: Scenario, kv: KVCacheManager, waiting: WaitingQueue):
         super().__init__(scenario, kv, waiting)
         b, s = scenario.batching, scenario.scheduler

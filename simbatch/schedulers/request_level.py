@@ -40,6 +40,9 @@ from simbatch.schedulers.policies import WaitingQueue
 
 
 class RequestLevelScheduler(BaseScheduler):
+    __slots__ = ("max_batch_size", "pad", "head_of_line_blocking", "max_wait_s", "batch", "_prefilled", "_rows_tokens",
+                 "_arrivals")
+
     def __init__(self, scenario: Scenario, kv: KVCacheManager, waiting: WaitingQueue):
         super().__init__(scenario, kv, waiting)
         b = scenario.batching

@@ -19,6 +19,8 @@ from simbatch.schedulers.request_level import RequestLevelScheduler
 class BatchRuns(RequestLevelScheduler):
     """The request-level scheduler with runs of a batch's identical decode steps (its own accelerator)."""
 
+    __slots__ = ()
+
     def repeatable_steps(self, plan: StepPlan, step: int) -> int:
         """A batch's decode steps repeat until its next request finishes; memory is reserved up front."""
         if not self._prefilled:

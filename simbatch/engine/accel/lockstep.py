@@ -114,6 +114,9 @@ class LockstepMember(LockstepRequest):
 
 class LockstepScheduler(ContinuousScheduler):
     request_class = LockstepRequest
+    __slots__ = ("_arrival_order", "_waiting_at_plan", "_group", "_members", "_group_context", "_group_reserved",
+                 "_members_planned", "clock", "last_end_s", "_phase", "_block_size", "_phase_members", "_granted_all",
+                 "_granted", "_done", "_plan_used", "_applied_alone")
 
     def __init__(self, scenario: Scenario, kv: KVCacheManager, waiting: WaitingQueue):
         super().__init__(scenario, kv, waiting)
