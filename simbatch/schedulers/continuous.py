@@ -541,7 +541,7 @@ class ContinuousScheduler(BaseScheduler):
         return any(hands_off(req) for hands_off in self._hands_off)
 
     def _retire(self, req: Request, end_s: float) -> None:
-        super()._retire(req, end_s)
+        BaseScheduler._retire(self, req, end_s)  # (named, not super(): this runs per request)
         for hook in self._left:
             hook(req)
 

@@ -58,7 +58,7 @@ class RequestLevelScheduler(BaseScheduler):
         self._arrivals: deque[Request] = deque()
 
     def add(self, req: Request, now: float) -> None:
-        super().add(req, now)
+        BaseScheduler.add(self, req, now)  # (named, not super(): this runs per request)
         self._arrivals.append(req)
 
     def _oldest_waiting_since(self) -> float:
