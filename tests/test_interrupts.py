@@ -78,6 +78,71 @@ def test_ctrl_c_while_the_command_starts(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def _reporting_as_its_own(handler, signum: int):
+    """A library call that reports whatever its callback raised as an error of its own, as pydantic-core does
+    while it builds a model's schema at import: here the callback is the signal's handler."""
+    def call():
+        try:
+            handler(signum, None)
+        except BaseException as exc:
+            raise RuntimeError(f"Error building validator: {exc!r}") from None
+    return call
+
+
+@pytest.fixture
+def signal_handlers_restored():
+    previous = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGINT, previous[0])
+    signal.signal(signal.SIGTERM, previous[1])
+
+
+@pytest.mark.parametrize(("signum", "code", "says"), [(signal.SIGINT, 130, "interrupted\n"),
+                                                        (signal.SIGTERM, 143, "interrupted (terminated)\n")])
+def test_a_signal_a_library_reports_as_its_own_error_is_still_an_interruption(monkeypatch, capsys,
+                                                                             signal_handlers_restored, signum,
+                                                                             code, says):
+    """Seen on a loaded machine: Ctrl-C while the command line was being imported ended in a traceback, a
+    SchemaError that pydantic-core had made of the start-up handler's Interrupted."""
+    from simbatch.app import cli, console
+    from simbatch.app.errors import raise_interrupted, raise_terminated
+
+    handler = raise_interrupted if signum == signal.SIGINT else raise_terminated
+    monkeypatch.setattr(cli, "app", _reporting_as_its_own(handler, signum))
+    with pytest.raises(SystemExit) as stopped:
+        console.main()
+    assert (stopped.value.code, capsys.readouterr().err) == (code, says)
+
+
+def test_a_signal_a_library_reports_as_its_own_error_inside_a_command_is_still_an_interruption(capsys):
+    import typer
+
+    from simbatch.app.cli.common import reports_bad_input
+    from simbatch.app.errors import raise_keyboard_interrupt
+
+    @reports_bad_input
+    def command():
+        _reporting_as_its_own(raise_keyboard_interrupt, signal.SIGINT)()
+
+    with pytest.raises(typer.Exit) as stopped:
+        command()
+    assert (stopped.value.exit_code, capsys.readouterr().err) == (130, "interrupted\n")
+
+
+def test_an_error_with_no_signal_before_it_is_not_taken_for_one(monkeypatch, signal_handlers_restored):
+    from simbatch.app import cli, console
+    from simbatch.app.cli.common import reports_bad_input
+
+    def bug():
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(cli, "app", bug)
+    with pytest.raises(RuntimeError, match="a bug"):
+        console.main()
+    with pytest.raises(RuntimeError, match="a bug"):
+        reports_bad_input(bug)()
+
+
 @pytest.mark.parametrize("stop", [KeyboardInterrupt, Terminated])
 def test_an_interrupted_folder_is_removed(tmp_path, stop):
     with pytest.raises(stop), atomic_folder(tmp_path / "run") as target:

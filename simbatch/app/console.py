@@ -15,10 +15,18 @@ from __future__ import annotations
 import signal
 import sys
 
-from simbatch.app.errors import Interrupted, Terminated, raise_interrupted, raise_terminated
+from simbatch.app.errors import (
+    Interrupted,
+    Terminated,
+    forget_signals,
+    interrupting_signal,
+    raise_interrupted,
+    raise_terminated,
+)
 
 
 def main() -> None:
+    forget_signals()
     signal.signal(signal.SIGTERM, raise_terminated)
     signal.signal(signal.SIGINT, raise_interrupted)
     try:
@@ -26,8 +34,17 @@ def main() -> None:
 
         app()
     except (KeyboardInterrupt, Interrupted):
-        sys.stderr.write("interrupted\n")
-        sys.exit(128 + signal.SIGINT)
+        _interrupted(signal.SIGINT)
     except Terminated:
-        sys.stderr.write("interrupted (terminated)\n")
-        sys.exit(128 + signal.SIGTERM)
+        _interrupted(signal.SIGTERM)
+    except Exception:
+        # A library may re-raise a signal's exception as its own error (errors._received): still the signal.
+        signum = interrupting_signal()
+        if signum is None:
+            raise
+        _interrupted(signum)
+
+
+def _interrupted(signum: int) -> None:
+    sys.stderr.write("interrupted (terminated)\n" if signum == signal.SIGTERM else "interrupted\n")
+    sys.exit(128 + signum)

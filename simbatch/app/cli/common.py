@@ -21,7 +21,14 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from simbatch.app.errors import OutputError, Terminated, raise_terminated
+from simbatch.app.errors import (
+    OutputError,
+    Terminated,
+    forget_signals,
+    interrupting_signal,
+    raise_keyboard_interrupt,
+    raise_terminated,
+)
 from simbatch.app.text import printable
 
 if TYPE_CHECKING:
@@ -60,7 +67,7 @@ def _sigterm_raises() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, raise_terminated), signal.signal(signal.SIGINT, signal.default_int_handler)
+    previous = signal.signal(signal.SIGTERM, raise_terminated), signal.signal(signal.SIGINT, raise_keyboard_interrupt)
     try:
         yield
     finally:
@@ -117,6 +124,7 @@ def reports_bad_input(command: Callable) -> Callable:
 
         stdout = sys.stdout
         sys.stdout = guarded = _QuietWhenClosed(stdout)
+        forget_signals()
         try:
             with _sigterm_raises():
                 result = command(*args, **kwargs)
@@ -135,6 +143,14 @@ def reports_bad_input(command: Callable) -> Callable:
         except Terminated:
             typer.echo("interrupted (terminated)", err=True)
             raise typer.Exit(EXIT_TERMINATED) from None
+        except Exception:
+            # A library may re-raise a signal's exception as its own error (simbatch.app.errors): still the signal.
+            signum = interrupting_signal()
+            if signum is None:
+                raise
+            terminated = signum == signal.SIGTERM
+            typer.echo("interrupted (terminated)" if terminated else "interrupted", err=True)
+            raise typer.Exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED) from None
         finally:
             sys.stdout = stdout
         raise typer.Exit(EXIT_BAD_INPUT)
