@@ -297,9 +297,11 @@ class ContinuousScheduler(BaseScheduler):
             return 1 if self._budget >= 1 else 0
         # Its known tokens not yet in the KV cache, and not among the cached ones.
         remaining = req.prompt_tokens + req.num_generated - req.num_computed_tokens - cached_tokens
+        budget = self._budget
         if self.chunked or req.num_generated > 0:  # recompute is always splittable
-            return min(remaining, self._budget, self.chunk_cap)
-        return remaining if remaining <= self._budget else 0
+            n = remaining if remaining < budget else budget  # min(remaining, budget, chunk_cap), written out
+            return n if n < self.chunk_cap else self.chunk_cap
+        return remaining if remaining <= budget else 0
 
     def _reserve(self, req: Request, n: int, now: float, plan: StepPlan) -> bool:
         """Blocks for ``req`` to compute ``n`` more tokens, preempting others if needed."""

@@ -230,7 +230,7 @@ class LockstepScheduler(ContinuousScheduler):
     def _assemble(self, plan: StepPlan) -> bool:
         """The model's plan of the requests scheduled one by one, with the group's members first."""
         # (The model's, named: super() costs more than the call, and this runs per plan.)
-        scheduled = bool(self._sched) and ContinuousScheduler._assemble(self, plan)
+        scheduled = ContinuousScheduler._assemble(self, plan) if self._sched else False
         group = self._group
         if not (self._group_reserved and group):
             self._members_planned = 0
@@ -270,7 +270,7 @@ class LockstepScheduler(ContinuousScheduler):
             return False
         for req in lone:
             self._sched[req] = 1
-        self._group_reserved, self._granted_all = bool(self._group), True
+        self._group_reserved, self._granted_all = len(self._group) > 0, True
         self._budget -= len(self._group) + len(lone)
         return True
 
