@@ -23,7 +23,7 @@ leaves the file alone).
 ``--instructions`` counts instead, once a side, the machine instructions of running the engine (under
 valgrind's callgrind: the count of a process that builds the engine and runs it, less that of one that
 only builds it), which a shared, noisy machine does not change: a ratio of work, not of time (a cache
-miss costs no more than a hit here). It only prints.
+miss costs no more than a hit here). Its table goes into a section of its own ("Compared with REV, in instructions").
 
     python -m benchmarks.compare 51d82f9 B1 B6 B7 B8 --repeats 5
     python -m benchmarks.compare 51d82f9 B1 B3 --instructions
@@ -296,7 +296,7 @@ def main() -> None:
     parser.add_argument("--python", default=sys.executable, help="interpreter for REV's code (default: this one)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave benchmarks/results.md alone")
     parser.add_argument("--instructions", action="store_true",
-                        help="count each side's instructions once under valgrind instead of timing (prints only)")
+                        help="count each side's instructions once under valgrind instead of timing")
     args = parser.parse_args()
     unknown = [c for c in args.cases if c not in CASES]
     if unknown:
@@ -315,8 +315,16 @@ def main() -> None:
             results[name] = compare_case(name, args.repeats, folder / "tree", args.python, folder, args.instructions)
             print((instruction_table if args.instructions else table)({name: results[name]})[-1], flush=True)
     if args.instructions:
-        print(f"Instructions of running the engine (callgrind), here and at {commit[:7]} \"{subject}\"\n")
-        print("\n".join(instruction_table(results)))
+        lines = [f"{COMPARED} {commit[:7]}, in instructions (`python -m benchmarks.compare {args.rev} --instructions`)",
+                 "", f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, against {commit[:7]} \"{subject}\". Machine "
+                 "instructions of building and running the engine on the same scenario here and there (valgrind's "
+                 "callgrind, once a side, one BLAS thread), less those of building it: a ratio of work that a "
+                 "loaded machine does not change; *here/REV* below 1 is less work here.", "",
+                 *instruction_table(results)]
+        print("\n".join(lines[2:]))
+        if not args.no_write:
+            write_section(lines)
+            print(f"wrote {REPORT}")
         return
     load_after = os.getloadavg()
     lines = [f"{COMPARED} {commit[:7]} (`python -m benchmarks.compare {args.rev}`)", "",
