@@ -20,6 +20,7 @@ from simbatch.app.errors import (
     Terminated,
     forget_signals,
     interrupting_signal,
+    interruption,
     raise_interrupted,
     raise_terminated,
 )
@@ -46,5 +47,6 @@ def main() -> None:
 
 
 def _interrupted(signum: int) -> None:
-    sys.stderr.write("interrupted (terminated)\n" if signum == signal.SIGTERM else "interrupted\n")
-    sys.exit(128 + signum)
+    message, code = interruption(signum)
+    sys.stderr.write(message + "\n")
+    sys.exit(code)

@@ -4,6 +4,8 @@ imports anything heavy."""
 
 from __future__ import annotations
 
+import signal
+
 
 class OutputError(Exception):
     """The result folder cannot be written where asked; the message says why and what to do."""
@@ -23,6 +25,11 @@ def forget_signals() -> None:
 def interrupting_signal() -> int | None:
     """The signal received since :func:`forget_signals`, if any: whatever was raised after it is the interruption."""
     return _received[-1] if _received else None
+
+
+def interruption(signum: int) -> tuple[str, int]:
+    """What the command line says when ``signum`` stopped it, and its exit code (as a shell reports it)."""
+    return ("interrupted (terminated)" if signum == signal.SIGTERM else "interrupted"), 128 + signum
 
 
 class Terminated(BaseException):

@@ -26,6 +26,7 @@ from simbatch.app.errors import (
     Terminated,
     forget_signals,
     interrupting_signal,
+    interruption,
     raise_keyboard_interrupt,
     raise_terminated,
 )
@@ -148,9 +149,9 @@ def reports_bad_input(command: Callable) -> Callable:
             signum = interrupting_signal()
             if signum is None:
                 raise
-            terminated = signum == signal.SIGTERM
-            typer.echo("interrupted (terminated)" if terminated else "interrupted", err=True)
-            raise typer.Exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED) from None
+            message, code = interruption(signum)
+            typer.echo(message, err=True)
+            raise typer.Exit(code) from None
         finally:
             sys.stdout = stdout
         raise typer.Exit(EXIT_BAD_INPUT)

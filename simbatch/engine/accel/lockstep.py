@@ -161,10 +161,8 @@ class LockstepScheduler(ContinuousScheduler):
                 if waiting:
                     self._admit_waiting(now, plan)
                     self._assemble(plan)
-                else:  # the group alone: _assemble's plan of the members, with nothing scheduled one by one
-                    members = self._members or self._members_now()
-                    n = self._members_planned = len(members)
-                    plan.decodes, plan.decode_seqs, plan.kv_tokens = members, n, self._group_context + n * self.clock
+                else:
+                    self._plan_members(plan)  # (_assemble's plan, with nothing scheduled one by one)
                 device = self.kv.device
                 self._plan_used = device.num_blocks - device.num_free
                 return plan
@@ -235,15 +233,21 @@ class LockstepScheduler(ContinuousScheduler):
         if not (self._group_reserved and group):
             self._members_planned = 0
             return scheduled
+        if not scheduled:
+            self._plan_members(plan)
+            return True
         members = self._members or self._members_now()
         n = self._members_planned = len(members)
-        if scheduled:
-            plan.decodes = (*members, *plan.decodes)
-            plan.decode_seqs += n
-            plan.kv_tokens += self._group_context + n * self.clock
-        else:
-            plan.decodes, plan.decode_seqs, plan.kv_tokens = members, n, self._group_context + n * self.clock
+        plan.decodes = (*members, *plan.decodes)
+        plan.decode_seqs += n
+        plan.kv_tokens += self._group_context + n * self.clock
         return True
+
+    def _plan_members(self, plan: StepPlan) -> None:
+        """The group's members are the plan's decodes, and all it computes."""
+        members = self._members or self._members_now()
+        n = self._members_planned = len(members)
+        plan.decodes, plan.decode_seqs, plan.kv_tokens = members, n, self._group_context + n * self.clock
 
     def _members_now(self) -> tuple[Request, ...]:
         """The members in order, kept until one joins or leaves (most plans are of the same group)."""
