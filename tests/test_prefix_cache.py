@@ -11,13 +11,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from builders import Driver, make_scenario, req, tokens
 from test_cli import invoke
 
 from simbatch.config import KVCache, Prefix
 from simbatch.inputs.loading import scenario_from_dict
 from simbatch.memory.kv import KVCacheManager, content_of, lookup_blocks
-from simbatch.memory.prefix_cache import SYSTEM_PROMPT, CachingBlockPool, block_key
+from simbatch.memory.prefix_cache import SYSTEM_PROMPT, CachingBlockPool, _key, block_key, iter_block_keys
 from simbatch.simulation import simulate
 from simbatch.workload.prefix import OWN_STREAM, apply_prefix
 
@@ -293,6 +295,20 @@ def test_block_keys_of_a_traces_block_ids():
         (HASHED - 40, 0), (HASHED - 40, 1), (HASHED - 41, 0), (HASHED - 41, 1), (HASHED - 42, 0), (-5, 5), (-5, 6)]
     r.block_hashes, r.hash_block_tokens = np.array([40, 41, 42, 43]), 6  # blocks straddle trace blocks
     assert [HASHED - block_key(content_of(r, 4), i)[0] for i in range(5)] == [40, 41, 41, 42, 43]
+
+
+@given(system_tokens=st.integers(0, 40), stream=st.integers(-3, 5), hashed=st.booleans(),
+       start=st.integers(0, 14), length=st.integers(-2, 14))
+def test_a_host_tiers_keys_are_the_blocks_keys_in_order(system_tokens, stream, hashed, start, length):
+    """iter_block_keys walks a stream's keys as ranges: they must be the keys block_key gives, block by
+    block, on either side of the system prompt's end and of a trace's ids."""
+    r = with_system_prompt(req(3, 30, 4), system_tokens)
+    r.prefix_stream = stream
+    if hashed:  # one id per 6 tokens of its 30-token prompt
+        r.block_hashes, r.hash_block_tokens = np.arange(40, 45), 6
+    content, stop = content_of(r, 4), start + length
+    assert list(iter_block_keys(content, start, stop)) == \
+        [_key(*block_key(content, i)) for i in range(start, stop)]
 
 
 def test_a_lookup_never_covers_the_last_known_token():

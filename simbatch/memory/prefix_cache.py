@@ -16,6 +16,7 @@ token: its logits must be computed, so at least one token is prefilled (vLLM doe
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 from typing import NamedTuple
 
 import numpy as np
@@ -86,8 +87,16 @@ def _key(stream: int, position: int) -> int:
 
 def iter_block_keys(content: Content, start: int, stop: int):
     """The keys of ``content``'s blocks ``start .. stop - 1`` as numbers (:func:`_key`), one at a time:
-    what a host tier holds (:mod:`simbatch.memory.host_tier`)."""
-    return (_key(*block_key(content, i)) for i in range(start, stop))
+    what a host tier holds (:mod:`simbatch.memory.host_tier`).
+
+    A stream's keys at consecutive positions are consecutive numbers, so without a trace's block ids
+    they are two ranges (the system prompt's blocks, then the stream's), which a host tier's lookup
+    walks without a call per block: a waiting request is looked up at every plan it is tried."""
+    if content.hashes is not None and start < content.prompt_blocks:
+        return (_key(*block_key(content, i)) for i in range(start, stop))
+    system = min(max(content.system_blocks, start), stop)
+    own = _key(content.stream, system)
+    return chain(range(_key(SYSTEM_PROMPT, start), _key(SYSTEM_PROMPT, system)), range(own, own + stop - system))
 
 
 _LOOP = 8
