@@ -9,6 +9,7 @@ the 10 s timeout.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -30,16 +31,24 @@ LONG_SWEEP = ["sweep", str(SCENARIOS / "stable.yaml"), "--set", "workload.durati
 
 
 def _signalled(args: list[str], cwd: Path, signum: int, after_s: float = 1.5,
-               started: Path | None = None) -> tuple[int, str, float]:
-    """Run ``args``, signal it ``after_s`` seconds in (or that long after ``started`` appears: on a
-    busy machine a command's start-up is slower), and return its exit code, stderr and how long it
-    took to exit after the signal."""
-    process = subprocess.Popen([str(SIMBATCH), *args], cwd=cwd, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_reaches_the_child)
+               started: Path | str | None = None) -> tuple[int, str, float]:
+    """Run ``args``, signal it ``after_s`` seconds in, or that long after ``started`` appears (a file, or a
+    line the command prints: on a busy machine a command's start-up is slower), and return its exit code,
+    stderr and how long it took to exit after the signal."""
+    process = subprocess.Popen([str(SIMBATCH), *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, preexec_fn=ctrl_c_reaches_the_child,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})  # each line as it is printed
     deadline = time.monotonic() + 180  # a loaded machine starts a sweep's workers slowly
-    while started is not None and not started.exists() and time.monotonic() < deadline and process.poll() is None:
-        time.sleep(0.05)
-    assert started is None or started.exists(), "the command never got started"
+    printed = ""
+    while started is not None and time.monotonic() < deadline and process.poll() is None:
+        if isinstance(started, Path) and started.exists():
+            break
+        if isinstance(started, str) and started in printed.splitlines():
+            break
+        if select.select([process.stdout], [], [], 0.05)[0]:
+            printed += os.read(process.stdout.fileno(), 65536).decode()  # (the pipe must not fill)
+    assert started is None or (started.exists() if isinstance(started, Path) else started in printed.splitlines()), \
+        "the command never got started"
     time.sleep(after_s)
     assert process.poll() is None, "the command ended before it was signalled"
     sent = time.monotonic()
@@ -51,10 +60,14 @@ def _signalled(args: list[str], cwd: Path, signum: int, after_s: float = 1.5,
     return process.returncode, err, time.monotonic() - sent
 
 
+# The last line of the stability check, which ``run`` prints before it simulates.
+SIMULATING = "=" * 50
+
+
 @pytest.mark.parametrize(("signum", "code", "says"), [(signal.SIGINT, 130, "interrupted\n"),
                                                         (signal.SIGTERM, 143, "interrupted (terminated)\n")])
 def test_run_stops_and_leaves_nothing(tmp_path, signum, code, says):
-    returncode, err, _ = _signalled(LONG_RUN, tmp_path, signum)
+    returncode, err, _ = _signalled(LONG_RUN, tmp_path, signum, 0.3, started=SIMULATING)
     assert (returncode, err) == (code, says), (returncode, err)
     assert list(tmp_path.iterdir()) == []
 
