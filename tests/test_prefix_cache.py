@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from builders import Driver, make_scenario, req, tokens
 from hypothesis import given
 from hypothesis import strategies as st
-from builders import Driver, make_scenario, req, tokens
 from test_cli import invoke
 
 from simbatch.config import KVCache, Prefix
