@@ -6,7 +6,9 @@ with ``kv_cache.enable_prefix_caching`` on.
 
 from __future__ import annotations
 
+import copy
 import math
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -112,6 +114,22 @@ def test_a_shared_block_returns_to_the_queue_with_its_last_holder():
     kv.device = pool
     with pytest.raises(AssertionError, match="reference counts disagree"):
         kv.check_conservation([], [])
+
+
+@pytest.mark.parametrize("copy_of", [copy.deepcopy, lambda pool: pickle.loads(pickle.dumps(pool))],
+                         ids=["deepcopy", "pickle"])
+def test_a_copied_pool_allocates_as_the_original_and_writes_only_to_itself(copy_of):
+    pool = CachingBlockPool(8)
+    first = computed(pool, with_system_prompt(req(0, 17, 1), 8), 16)  # blocks 0-3, 0 and 1 the system prompt's
+    others = pool.allocate(4)
+    pool.free(first.block_ids)
+    pool.free(others)  # every block used, and free: allocate() takes the queue's head a block at a time
+    twin = copy_of(pool)
+    assert twin.allocate(2) == pool.allocate(2) == [3, 2]  # (a request's last block is freed first)
+    twin.allocate(1)  # block 1, the system prompt's second, and what it held: gone from the copy only
+    later = with_system_prompt(req(1, 17, 1), 8)
+    assert lookup(pool, later).tolist() == [0, 1] and lookup(twin, later).tolist() == [0]
+    assert twin.num_free == pool.num_free - 1
 
 
 def test_a_key_keeps_the_block_computed_first():

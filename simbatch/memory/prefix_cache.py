@@ -198,11 +198,24 @@ class CachingBlockPool(BlockPool):
         # _places[i] = i + 1, as far as the queue has reached (grown by doubling, so that a huge pool
         # pays only for what it uses): a slice of it is the places of a run of entries.
         self._places = np.arange(1, min(len(self._queue), self.FIRST_PLACES) + 1, dtype=self._queue_seq.dtype)
-        # The queue, places, counts and keys again as memoryviews, for allocate()'s few blocks at a time: an
-        # element read or written through one is a plain C index, where NumPy's scalar indexing parses an
-        # index each time (3-4x the cost). The arrays are never replaced, so the views stay theirs.
-        self._scalars = (memoryview(self._queue), memoryview(self._queue_seq), memoryview(self._ref),
-                         memoryview(self._key))
+        self._scalars = self._views()
+
+    def _views(self) -> tuple[memoryview, ...]:
+        """The queue, places, counts and keys again as memoryviews, for allocate()'s few blocks at a time:
+        an element read or written through one is a plain C index, where NumPy's scalar indexing parses an
+        index each time (3-4x the cost). The arrays are never replaced, so the views stay theirs."""
+        return memoryview(self._queue), memoryview(self._queue_seq), memoryview(self._ref), memoryview(self._key)
+
+    # A copy or a pickle (a pool taken as it stands, a test's "what would this allocation take") leaves the
+    # views out, which cannot be copied, and makes them anew over the copied arrays.
+    def __getstate__(self) -> tuple[None, dict]:
+        _, slots = object.__getstate__(self)
+        return None, {name: value for name, value in slots.items() if name != "_scalars"}
+
+    def __setstate__(self, state: tuple[None, dict]) -> None:
+        for name, value in state[1].items():
+            setattr(self, name, value)
+        self._scalars = self._views()
 
     @property
     def _num_queued(self) -> int:
