@@ -203,7 +203,8 @@ class CachingBlockPool(BlockPool):
     def _views(self) -> tuple[memoryview, ...]:
         """The queue, places, counts and keys again as memoryviews, for allocate()'s few blocks at a time:
         an element read or written through one is a plain C index, where NumPy's scalar indexing parses an
-        index each time (3-4x the cost). The arrays are never replaced, so the views stay theirs."""
+        index each time (here a read takes less than half the time, a write about 0.7 of it). The arrays are
+        never replaced, so the views stay theirs."""
         return memoryview(self._queue), memoryview(self._queue_seq), memoryview(self._ref), memoryview(self._key)
 
     # A copy or a pickle (a pool taken as it stands, a test's "what would this allocation take") leaves the
