@@ -164,6 +164,23 @@ def test_round_robin_spreads_requests_over_replicas():
     assert (rq["status"] == "finished").all()
 
 
+@pytest.mark.parametrize("paths", [
+    {},  # a lone replica takes its arrivals itself as its clock passes them (the feed)
+    {"sim__fast_forward": False},  # the arrival process, one SimPy event an arrival
+    {"cluster__replicas": 2},  # routed
+    {"workload__max_concurrency": 4},  # a client sends them
+    {"workload__max_concurrency": 4, "frontend__request_latency_ms": 20.0},  # ... received 20 ms after it sends
+], ids=["feed", "stepped", "routed", "client", "client_with_latency"])
+def test_progress_is_told_every_1024th_arrival_on_every_arrival_path(paths):
+    told = []
+    result = simulate(spaced(2_500, 0.01, prompt=4, output=2, **paths), on_progress=lambda t, i: told.append((t, i)))
+    arrived = result.requests.set_index("request_id")["arrival_s"]
+    assert [i for _, i in told] == [0, 1_024, 2_048]
+    # Told as each one reaches the engine: at its arrival, or its send plus the latency.
+    latency_s = paths.get("frontend__request_latency_ms", 0.0) / 1e3
+    assert all(t >= arrived[i] + latency_s - 1e-9 for t, i in told) and told == sorted(told)
+
+
 # --------------------------------------------------------------------------- the "must show"
 def test_chapter_device_saturated_decodes_at_64_over_tau():
     # tau0 = 20 ms, beta = 0.2 ms, 64 running, enough KV, long outputs, free prefill: 64 / 0.0328 s.

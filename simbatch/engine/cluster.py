@@ -162,12 +162,6 @@ class Engine:
         return enumerate(_chunked(self._arrival_ns, wl.arrival_s, wl.prompt_tokens, wl.output_tokens, wl.tenant,
                                   wl.priority, wl.prefix_stream, wl.shared_prefix_tokens))
 
-    def _arrive(self, i: int, now_s: float, request: list) -> None:
-        """Request ``i`` reaches the cluster at ``now_s``."""
-        if self.on_progress is not None and i % 1024 == 0:
-            self.on_progress(now_s, i)
-        self._receive(i, now_s, *request)
-
     def _arrivals(self):
         """Send each request at its arrival instant (or when the client lets it go), and hand it to the
         cluster ``frontend.request_latency_ms`` later (:meth:`_receive`).
@@ -207,7 +201,7 @@ class Engine:
                 if t > now:
                     yield Urgent(env, t - now)
                 now_s = t_s
-            self._arrive(i, now_s, request)
+            self._receive(i, now_s, *request)
         self._sending_done = True
         if deliveries is not None:
             self._poke_deliveries()
@@ -246,7 +240,8 @@ class Engine:
 
     def _receive(self, i: int, now_s: float, prompt: int, output: int, tenant: int, priority: int, stream: int,
                  shared: int) -> None:
-        """Admit request ``i``, reaching the cluster at ``now_s``: cluster cap, router, then the replica's checks.
+        """Admit request ``i``, reaching the cluster at ``now_s`` (``on_progress`` is told every 1,024th
+        arrival): cluster cap, router, then the replica's checks.
 
         Rejection reasons: ``cluster_full`` (``cluster.max_in_flight`` requests already in the
         cluster; never routed), then, at the replica the router chose, ``never_fits`` or
@@ -254,6 +249,8 @@ class Engine:
         (``scheduler.max_waiting``). A routed request records its replica even when rejected.
         Every arrival takes its own snapshot off the queue, routed or not.
         """
+        if self.on_progress is not None and i % 1024 == 0:
+            self.on_progress(now_s, i)
         views, max_in_flight, max_waiting = self._views, self._max_in_flight, self._max_waiting
         view = None if views is None else views.popleft()
         if max_in_flight is not None and sum(r.num_running + r.num_waiting for r in self.replicas) >= max_in_flight:
@@ -336,7 +333,7 @@ class Feed:
     so instead of one SimPy event per arrival, the replica takes the requests due as its clock passes
     them: at the end of the step during which they arrive, before the step is applied (where the
     arrival process's urgent events would have put them), or when it wakes from idling at the next
-    one. Everything an arrival does is the cluster's as before (:meth:`Engine._arrive`).
+    one. Everything an arrival does is the cluster's as before (:meth:`Engine._receive`).
     """
 
     __slots__ = ("_engine", "_replica", "_rows", "_latency_ns", "_next", "_next_ns")
@@ -357,12 +354,12 @@ class Feed:
         if self._latency_ns:
             t += self._latency_ns
             t_s = t / NS_PER_S
-        self._next, self._next_ns = (i, t_s, request), t
+        self._next, self._next_ns = (i, t_s, *request), t
         self._replica.next_arrival_ns = t
 
     def receive_until(self, t_ns: int) -> None:
         """Receive every request due at or before ``t_ns``, in order."""
-        arrive = self._engine._arrive
+        receive = self._engine._receive
         while self._next_ns <= t_ns:
-            arrive(*self._next)
+            receive(*self._next)
             self._advance()
