@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
+from itertools import chain
 
 import numpy as np
 import simpy
@@ -60,11 +61,15 @@ def _stop_ns(max_time_s: float) -> int:
     return max(1, to_ns(max_time_s))
 
 
-def _chunked(*columns: np.ndarray, chunk: int = 65_536):
+CHUNK_ROWS = 65_536  # rows of the workload's columns converted to Python scalars at a time
+
+
+def _chunked(*columns: np.ndarray):
     """The columns' rows as tuples of Python scalars (read one at a time, several times faster than
-    NumPy's), converted a chunk at a time: a million of them at once would hold hundreds of MB for the run."""
-    for start in range(0, len(columns[0]), chunk):
-        yield from zip(*(column[start:start + chunk].tolist() for column in columns), strict=True)
+    NumPy's), converted a chunk at a time: a million of them at once would hold hundreds of MB for the run.
+    Chained, not yielded from: a row then passes through no Python frame."""
+    return chain.from_iterable(zip(*(column[start:start + CHUNK_ROWS].tolist() for column in columns), strict=True)
+                               for start in range(0, len(columns[0]), CHUNK_ROWS))
 
 
 class Engine:
@@ -156,11 +161,25 @@ class Engine:
                 yield Urgent(env, t - delay_ns - env.now)
             self._views.append(tuple(Load.of(r) for r in self.replicas))
 
-    def _rows(self):
-        """(index, (arrival on the clock, arrival in s, the request's other columns)) of every request, in order."""
-        wl = self.workload
-        return enumerate(_chunked(self._arrival_ns, wl.arrival_s, wl.prompt_tokens, wl.output_tokens, wl.tenant,
-                                  wl.priority, wl.prefix_stream, wl.shared_prefix_tokens))
+    def _rows(self, latency_ns: int = 0):
+        """Every request in order as (when it reaches the cluster on the clock, :meth:`_receive`'s arguments:
+        its index, that instant in s, its other columns), ``latency_ns`` after its arrival. Made a chunk at a
+        time (:func:`_chunked`), in the shape they are used in: a row is taken apart by nobody."""
+        wl, arrival_ns = self.workload, self._arrival_ns
+        others = (wl.prompt_tokens, wl.output_tokens, wl.tenant, wl.priority, wl.prefix_stream, wl.shared_prefix_tokens)
+
+        def chunk(start: int):
+            stop = start + CHUNK_ROWS
+            t_ns = arrival_ns[start:stop].tolist()
+            if latency_ns:
+                t_ns = [t + latency_ns for t in t_ns]
+                t_s = [t / NS_PER_S for t in t_ns]
+            else:
+                t_s = wl.arrival_s[start:stop].tolist()
+            args = zip(range(start, start + len(t_ns)), t_s, *(c[start:stop].tolist() for c in others), strict=True)
+            return zip(t_ns, args, strict=True)
+
+        return chain.from_iterable(map(chunk, range(0, len(arrival_ns), CHUNK_ROWS)))
 
     def _arrivals(self):
         """Send each request at its arrival instant (or when the client lets it go), and hand it to the
@@ -180,28 +199,25 @@ class Engine:
         if client is not None and latency_ns:
             self._pending: deque = deque()
             deliveries = env.process(self._deliveries())
-        for i, (t, t_s, *request) in self._rows():
+        # (A client sends at the arrival instant: the latency counts from the send, not the arrival.)
+        for t, args in self._rows(latency_ns if client is None else 0):
             if client is not None:
                 wait_ns = yield from client.send(t)
                 if stop_sending_ns is not None and env.now >= stop_sending_ns:
                     break
-                rec.sent(i, env.now / NS_PER_S, wait_ns / NS_PER_S)  # the server's clock starts at the send
+                rec.sent(args[0], env.now / NS_PER_S, wait_ns / NS_PER_S)  # the server's clock starts at the send
                 if deliveries is not None:
-                    self._pending.append((env.now + latency_ns, i, request))
+                    self._pending.append((env.now + latency_ns, args))
                     self._poke_deliveries()
                     continue
-                now_s = env.now / NS_PER_S
+                self._receive(args[0], env.now / NS_PER_S, *args[2:])
             else:
-                if latency_ns:
-                    t += latency_ns
-                    t_s = t / NS_PER_S
                 if lone is not None:
                     lone.next_arrival_ns = t
                 now = env.now
                 if t > now:
                     yield Urgent(env, t - now)
-                now_s = t_s
-            self._receive(i, now_s, *request)
+                self._receive(*args)
         self._sending_done = True
         if deliveries is not None:
             self._poke_deliveries()
@@ -222,8 +238,8 @@ class Engine:
             at_ns = pending[0][0]
             if at_ns > env.now:
                 yield Urgent(env, at_ns - env.now)
-            _, i, request = pending.popleft()
-            self._receive(i, env.now / NS_PER_S, *request)
+            _, args = pending.popleft()
+            self._receive(args[0], env.now / NS_PER_S, *args[2:])
 
     def _poke_deliveries(self) -> None:
         wake = self._deliveries_wake
@@ -336,12 +352,12 @@ class Feed:
     one. Everything an arrival does is the cluster's as before (:meth:`Engine._receive`).
     """
 
-    __slots__ = ("_engine", "_replica", "_rows", "_latency_ns", "_next", "_next_ns")
+    __slots__ = ("_engine", "_replica", "_rows", "_next", "_next_ns")
 
     def __init__(self, engine: Engine, replica: Replica):
-        self._engine, self._replica, self._rows = engine, replica, engine._rows()
-        self._latency_ns = engine._request_latency_ns  # received this long after it was sent, as _arrivals does
-        self._next, self._next_ns = None, math.inf  # the next arrival (index, time in s, columns), and its time
+        self._engine, self._replica = engine, replica
+        self._rows = engine._rows(engine._request_latency_ns)  # received this long after it was sent, as _arrivals does
+        self._next, self._next_ns = None, math.inf  # the next arrival (_receive's arguments), and its time
         self._advance()
 
     def _advance(self) -> None:
@@ -350,12 +366,8 @@ class Feed:
             self._next, self._next_ns = None, math.inf
             self._engine._close()  # (sets the replica's next_arrival_ns to inf)
             return
-        i, (t, t_s, *request) = row
-        if self._latency_ns:
-            t += self._latency_ns
-            t_s = t / NS_PER_S
-        self._next, self._next_ns = (i, t_s, *request), t
-        self._replica.next_arrival_ns = t
+        t, self._next = row
+        self._next_ns = self._replica.next_arrival_ns = t
 
     def receive_until(self, t_ns: int) -> None:
         """Receive every request due at or before ``t_ns``, in order."""
