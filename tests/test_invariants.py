@@ -214,7 +214,7 @@ def _two_decoding_one_waiting(fast_forward: bool):
     d.add(req(0, 6, 20), req(1, 6, 20), req(2, 6, 20))
     for _ in range(3):
         d.run()
-    running, (waiting,) = d.sched.running, list(d.sched.waiting)
+    running, (waiting,) = list(d.sched.running), list(d.sched.waiting)
     assert len(running) == 2 and all(r.num_generated > 1 for r in running)
     return d.sched, running, waiting
 

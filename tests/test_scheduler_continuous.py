@@ -47,7 +47,7 @@ def test_prefill_then_decodes_grow_a_block_at_each_boundary():
     # The fifth token is sampled after computing token 10 = prompt + output - 1: peak 3 blocks.
     assert out.finished == [r]
     assert (r.status, r.finish_s, r.num_generated, r.blocks) == (Status.FINISHED, 5.0, 5, 0)
-    assert d.sched.kv.device.num_free == 64 and d.sched.running == []
+    assert d.sched.kv.device.num_free == 64 and not d.sched.running
     assert d.sched.schedule(d.now) is IDLE
 
 

@@ -36,7 +36,9 @@ class BaseScheduler(ABC):
         self.scenario = scenario
         self.kv = kv
         self.waiting = waiting
-        self.running: list[Request] = []
+        # RUNNING in admission order: a dict as an ordered set, so that a request leaves it in O(1) (a
+        # list's remove compares it with those before it: microseconds a request at 256 running).
+        self.running: dict[Request, None] = {}
         self.closed = False  # no more arrivals will come
         self.num_preemptions = 0
         self._admissions = 0
@@ -85,7 +87,7 @@ class BaseScheduler(ABC):
             req.first_scheduled_s = now
         req.admitted_seq = self._admissions
         self._admissions += 1
-        self.running.append(req)
+        self.running[req] = None
         self.waiting.on_admit(req)
 
     def _emit_tokens(self, reqs: Iterable[Request], end_s: float, step: int, outcome: StepOutcome,

@@ -331,7 +331,7 @@ class ContinuousScheduler(BaseScheduler):
 
     def _preempt(self, victim: Request, now: float, plan: StepPlan) -> None:
         """RUNNING -> WAITING, with its KV swapped to the host if possible, else dropped for recompute."""
-        self.running.remove(victim)
+        del self.running[victim]
         self._prefilling.pop(victim, None)
         for hook in self._left:
             hook(victim)
@@ -457,14 +457,14 @@ class ContinuousScheduler(BaseScheduler):
         for req in sorted(self._delivered, key=_arrival_order):
             req.admitted_seq = self._admissions
             self._admissions += 1
-            self.running.append(req)
+            self.running[req] = None
         self._delivered = []
 
     def _send(self, req: Request) -> None:
         """``req`` is handed off at its first token: it leaves, its blocks held for the transfer."""
         req.status = FINISHED
         self.waiting.on_release(req)
-        self.running.remove(req)
+        del self.running[req]
         self._sending[req] = None
         for hook in self._left:
             hook(req)
@@ -554,11 +554,9 @@ class ContinuousScheduler(BaseScheduler):
             self._done_last_step += finished
         else:
             self._release_done(finished)
-        if len(finished) < 8:
-            for req in finished:
-                self.running.remove(req)
-        elif finished:
-            self.running = [r for r in self.running if r.status is RUNNING]
+        running = self.running
+        for req in finished:
+            del running[req]
 
     def _release_done(self, finished: list[Request]) -> None:
         """Free the blocks of one step's finished requests, in running (admission) order as vLLM frees them:

@@ -177,7 +177,7 @@ class RequestLevelScheduler(BaseScheduler):
                 self.waiting.on_release(req)
                 outcome.finished.append(req)
         if outcome.finished:
-            self.running = [r for r in self.running if r.status is Status.RUNNING]
+            self.running = {r: None for r in self.running if r.status is Status.RUNNING}
         if not self.running:
             self._end_batch()
         return outcome
