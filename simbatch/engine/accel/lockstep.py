@@ -238,7 +238,8 @@ class LockstepScheduler(ContinuousScheduler):
             return True
         members = self._members or self._members_now()
         n = self._members_planned = len(members)
-        plan.decodes = (*members, *plan.decodes)
+        # (With no decode scheduled one by one, the members' own tuple, not a copy of it.)
+        plan.decodes = (*members, *plan.decodes) if plan.decodes else members
         plan.decode_seqs += n
         plan.kv_tokens += self._group_context + n * self.clock
         return True
