@@ -383,11 +383,11 @@ class ContinuousScheduler(BaseScheduler):
                 continue
             # A request with nothing computed may start from tokens a feature has (prefix caching's hits).
             cached = cache.lookup(req) if cache is not None and not req.num_computed_tokens and \
-                not req.swapped_blocks else 0
+                not req.host_block_ids else 0
             n = self._chunk(req, cached)
             if n == 0 or full or not (
                     cache.take_cached(req, n) if cached else
-                    blocks_for(req.num_computed_tokens + n, kv.block_size) <= kv.device.num_free):
+                    -(-(req.num_computed_tokens + n) // kv.block_size) <= kv.device.num_free):  # blocks_for(...)
                 if n and self.evicts_at_admission and self._evict_for(req, now, plan):
                     seats = self._seats_taken()
                     continue
@@ -398,7 +398,7 @@ class ContinuousScheduler(BaseScheduler):
                 passed_over.append(waiting.pop())
                 continue
             waiting.pop()
-            if req.swapped_blocks:
+            if req.host_block_ids:  # (swapped out: swapped_blocks, read without the property's call)
                 plan.swap_blocks += req.swapped_blocks
                 # Cannot fail: the swapped blocks hold its computed tokens, fewer than the check counted.
                 swapped_in = kv.swap_in(req)
@@ -408,7 +408,8 @@ class ContinuousScheduler(BaseScheduler):
             if req.prefill_pending:
                 self._prefilling[req] = None
             plan.admit(req)
-            self._take(req, n)
+            self._sched[req] = n  # (_take, written out: this runs per admission)
+            self._budget -= n
             seats += 1
             for hook in self._admitted:
                 hook(req)
