@@ -24,6 +24,7 @@ leaves the file alone).
 valgrind's callgrind: the count of a process that builds the engine and runs it, less that of one that
 only builds it), which a shared, noisy machine does not change: a ratio of work, not of time (a cache
 miss costs no more than a hit here). Its table goes into a section of its own ("Compared with REV, in instructions").
+Unless named, it leaves out the million-request cases (B2, B9): under callgrind each takes half an hour or more a side.
 
     python -m benchmarks.compare 51d82f9 B1 B6 B7 B8 --repeats 5
     python -m benchmarks.compare 51d82f9 B1 B3 --instructions
@@ -48,7 +49,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from benchmarks.cases import CASES
-from benchmarks.run import COMPARED, REPORT, b2_repeats, sections
+from benchmarks.run import COMPARED, LONG, REPORT, b2_repeats, sections
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -288,6 +289,13 @@ def write_section(lines: list[str]) -> None:
     REPORT.write_text("\n".join(kept).rstrip() + "\n\n" + "\n".join(lines) + "\n", encoding="utf-8")
 
 
+def default_cases(instructions: bool) -> list[str]:
+    """The cases compared when none is named: all of them, but under ``--instructions`` not the
+    million-request ones (``benchmarks.run.LONG``): callgrind runs tens of times slower, and each of them
+    would take half an hour or more a side."""
+    return [name for name in CASES if not (instructions and name in LONG)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("rev", help="the commit to compare with (a hash, tag or branch)")
@@ -311,7 +319,12 @@ def main() -> None:
         except subprocess.CalledProcessError:
             raise SystemExit(f"{args.rev!r} is not a commit of {ROOT}") from None
         results = {}
-        for name in args.cases or list(CASES):
+        names = args.cases or default_cases(args.instructions)
+        left_out = [] if args.cases else [name for name in CASES if name not in names]
+        if left_out:
+            print(f"left out under --instructions: {', '.join(left_out)} (a million requests each: half an hour "
+                  "or more a side under callgrind); name them to count them", flush=True)
+        for name in names:
             results[name] = compare_case(name, args.repeats, folder / "tree", args.python, folder, args.instructions)
             print((instruction_table if args.instructions else table)({name: results[name]})[-1], flush=True)
     if args.instructions:

@@ -84,6 +84,18 @@ def test_a_workload_replayed_as_a_trace_is_the_same_simulation(tmp_path):
     assert as_trace(Scenario.model_validate(tiny(workload={**tiny()["workload"], "num_sessions": 4})), tmp_path) is None
 
 
+def test_instructions_leave_out_the_million_request_cases_unless_named():
+    """Under --instructions a case runs tens of times slower: B2 and B9 (a million requests) would take half
+    an hour or more a side, so they are counted only when named; timed, every case is compared."""
+    from benchmarks.cases import CASES
+    from benchmarks.compare import default_cases
+    from benchmarks.run import LONG
+
+    assert default_cases(instructions=False) == list(CASES)
+    assert default_cases(instructions=True) == [name for name in CASES if name not in LONG]
+    assert set(LONG) == {"B2", "B9"} and {"B1", "B3", "B7", "B8"} <= set(default_cases(instructions=True))
+
+
 def test_counted_instructions_are_those_of_the_run_alone(tmp_path, monkeypatch):
     """--instructions: callgrind's count of a process that builds the engine and runs it, less that of one
     that stops once it is built (the driver stops where told; valgrind is stood in for: its count line)."""
